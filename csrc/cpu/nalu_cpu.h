@@ -1,0 +1,67 @@
+// nalu_cpu.h: the interface between the CPU ops (nalu_cpu.cpp: checks, registration, choice of
+// instruction set) and the CPU kernels, which are compiled once per instruction set from
+// nalu_cpu_kernels.h: `base` (the compiler's default target) and, on x86-64, `avx2` (AVX2 + FMA),
+// chosen at run time from what the processor supports.
+//
+// Every header the kernels need is included here, before any `#pragma GCC target`, so that no
+// inline function outside the kernels is ever compiled for AVX2 (it could be linked into the
+// baseline path and break processors without AVX2).
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/sum.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <tuple>
+#include <vector>
+
+#include "../nalu_layer.h"
+#include "../nalu_math.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define NALU_CPU_HAVE_AVX2 1
+#endif
+
+namespace nalu_cuda {
+namespace cpu {
+
+// A forward op's results: y, and what its backward needs besides the inputs.
+//   a, m, g   NALU: the additive path, the multiplicative path, the gate (of y's shape for an
+//             input gate, of G's shape for an independent gate)
+//   m         NAC*: its output y
+//   lx        NAC*, NALU: log(|x| + eps), of x's shape
+struct Forward {
+  at::Tensor y, a, m, g, lx;
+};
+
+// A backward op's results; gradients that were not asked for are undefined here.
+struct Backward {
+  at::Tensor grad_x, grad_W_hat, grad_M_hat, grad_W_hat_m, grad_M_hat_m, grad_G;
+};
+
+// The kernels of one instruction set. Arguments are checked by the caller.
+#define NALU_CPU_DECLARE_KERNELS(ISA)                                                              \
+  namespace ISA {                                                                                 \
+  Forward layer_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& x,          \
+                        const LayerParams& p, double eps);                                        \
+  Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Tensor& grad_y,   \
+                          const at::Tensor& x, const LayerParams& p, const Forward& saved,        \
+                          double eps, bool compute_grad_x);                                       \
+  at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat);                            \
+  std::tuple<at::Tensor, at::Tensor> weight_backward(const at::Tensor& grad_W, const at::Tensor& W_hat, \
+                                                     const at::Tensor& M_hat);                     \
+  }
+
+NALU_CPU_DECLARE_KERNELS(base)
+#ifdef NALU_CPU_HAVE_AVX2
+NALU_CPU_DECLARE_KERNELS(avx2)
+#endif
+
+}  // namespace cpu
+}  // namespace nalu_cuda

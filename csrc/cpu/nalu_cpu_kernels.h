@@ -1,0 +1,626 @@
+// nalu_cpu_kernels.h: the CPU kernels of NAC+, NAC*, NALU and the weight construction.
+// Included once per instruction set (kernels_base.cpp, kernels_avx2.cpp) with NALU_CPU_ISA set
+// to the namespace to define; it includes nothing itself (see nalu_cpu.h).
+//
+// Math (member e, row n, input i, output j; each formula is in csrc/nalu_math.h):
+//   forward   W = tanh(W_hat) sigmoid(M_hat);  lx = log(|x| + eps);  a = x W;  m = exp(lx W_m);
+//             g = sigmoid(x G) or sigmoid(G);  y = g a + (1 - g) m
+//   backward  da = g dy;  du = (1 - g) dy m;  dz = (a - m) dy g (1 - g)
+//             dW = x^T da (+ lx^T du when tied);  dW_m = lx^T du;  dG = x^T dz (or sum_n dz)
+//             dx = da W^T + dz G^T + (du W_m^T) sign(x) / (|x| + eps)
+//             dW_hat, dM_hat from dW through the weight construction
+// Saved by forward for backward: lx (the log is the costliest step on a CPU, and autograd's
+// reference keeps it too), and a, m, g for NALU (m = y for NAC*). W is rebuilt in backward: it
+// is I x O, small next to the batch.
+//
+// Two paths, chosen from the shape alone so that results never depend on the thread count:
+//   rowwise  out <= kRowwiseMaxOut (the paper's layers): one pass over the rows per direction.
+//            Weights are kept transposed, (E, O, I), so each output is a vectorised dot product
+//            over a row that is still in L1; weight gradients accumulate in per-chunk partial
+//            sums that are added in a fixed order. No BLAS call, no batch-sized temporary.
+//   blas     wider layers: products by ATen's bmm (MKL/oneDNN); each elementwise step around them
+//            is one fused, vectorised, parallel loop.
+#ifndef NALU_CPU_ISA
+#error "define NALU_CPU_ISA (the namespace of this instruction set) before including nalu_cpu_kernels.h"
+#endif
+
+namespace nalu_cuda {
+namespace cpu {
+namespace NALU_CPU_ISA {
+namespace {
+
+namespace nm = nalu_cuda::math;
+
+// Work (multiply-adds or elementwise evaluations) under which a parallel loop runs inline.
+constexpr int64_t kGrainWork = 32768;
+// Widest layer (out_features) that takes the rowwise path.
+constexpr int64_t kRowwiseMaxOut = 16;
+// Rows per partial weight-gradient sum are at least this, so the partials stay smaller than x.
+constexpr int64_t kMinChunkRows = 64;
+
+int64_t grain_for(int64_t work_per_item) {
+  return std::max<int64_t>(1, kGrainWork / std::max<int64_t>(1, work_per_item));
+}
+
+bool rowwise(const LayerShape& s) { return s.O <= kRowwiseMaxOut; }
+
+// Calls f.template operator()<T>() with T = float or double: the kernels hold `#pragma omp simd`,
+// which cannot sit inside the argument of the AT_DISPATCH macros. Dtypes are checked before.
+template <typename F>
+void dispatch_float(at::ScalarType st, F&& f) {
+  switch (st) {
+    case at::kFloat:
+      f.template operator()<float>();
+      break;
+    case at::kDouble:
+      f.template operator()<double>();
+      break;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "nalu_cuda: unchecked dtype ", st);
+  }
+}
+
+// Calls f.template operator()<ADD, MUL, GATE>() for the layer kind. ADD/MUL/GATE are compile-time
+// so the inner loops carry no branches: NAC+ <1, 0, kNone>, NAC* <0, 1, kNone>,
+// NALU <1, 1, kInput | kIndependent>. Separate multiplicative weights only change a pointer.
+template <typename F>
+void dispatch_kind(const LayerKind& kind, F&& f) {
+  if (kind.add && kind.mul) {
+    if (kind.gate == Gate::kInput) {
+      f.template operator()<true, true, Gate::kInput>();
+    } else {
+      f.template operator()<true, true, Gate::kIndependent>();
+    }
+  } else if (kind.add) {
+    f.template operator()<true, false, Gate::kNone>();
+  } else {
+    f.template operator()<false, true, Gate::kNone>();
+  }
+}
+
+// Elementwise loop over [0, n), parallel in chunks and vectorised inside each chunk.
+template <typename F>
+void parallel_simd(int64_t n, int64_t work_per_item, F&& f) {
+  at::parallel_for(0, n, grain_for(work_per_item), [&](int64_t k0, int64_t k1) {
+#pragma omp simd
+    for (int64_t k = k0; k < k1; ++k) f(k);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weight construction
+// ---------------------------------------------------------------------------------------------
+
+// out = tanh(w_hat) sigmoid(m_hat) over n entries.
+template <typename T>
+void build_weight(const T* w_hat, const T* m_hat, T* out, int64_t n) {
+  parallel_simd(n, 64, [=](int64_t k) { out[k] = nm::nac_weight(w_hat[k], m_hat[k]); });
+}
+
+// (E, I, O) -> (E, O, I)
+template <typename T>
+void transpose_last2(const T* in, T* out, int64_t E, int64_t I, int64_t O) {
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t i = 0; i < I; ++i) {
+      for (int64_t j = 0; j < O; ++j) out[(e * O + j) * I + i] = in[(e * I + i) * O + j];
+    }
+  }
+}
+
+// grad_w_hat, grad_m_hat from grad_w over n entries.
+template <typename T>
+void weight_backward_pass(const T* grad_w, const T* w_hat, const T* m_hat, T* grad_w_hat, T* grad_m_hat,
+                          int64_t n) {
+  parallel_simd(n, 64, [=](int64_t k) {
+    nm::nac_weight_backward(grad_w[k], w_hat[k], m_hat[k], grad_w_hat + k, grad_m_hat + k);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rowwise path
+// ---------------------------------------------------------------------------------------------
+
+// Raw pointers of one call, all contiguous. W, Wm, G are (E, O, I) on the rowwise path and
+// (E, I, O) on the blas path; gind is sigmoid(G), (E, O), for an independent gate.
+template <typename T>
+struct Ptrs {
+  const T* x = nullptr;
+  const T* W = nullptr;
+  const T* Wm = nullptr;
+  const T* G = nullptr;
+  const T* gind = nullptr;
+};
+
+// Forward outputs, (E, N, O) each, lx (E, N, I).
+template <typename T>
+struct OutPtrs {
+  T* y = nullptr;
+  T* a = nullptr;
+  T* m = nullptr;
+  T* g = nullptr;  // input gate only
+  T* lx = nullptr;
+};
+
+template <typename T, bool ADD, bool MUL, Gate GATE>
+void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs<T>& out) {
+  const int64_t I = s.I, O = s.O, N = s.N;
+  at::parallel_for(0, s.E * N, grain_for(I * (O + 1) * 3), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t e = r / N;
+      const T* xr = p.x + r * I;
+      const T* w = p.W + e * O * I;
+      const T* wm = p.Wm + e * O * I;
+      const T* gt = GATE == Gate::kInput ? p.G + e * O * I : nullptr;
+      T* l = MUL ? out.lx + r * I : nullptr;
+      if constexpr (MUL) {
+#pragma omp simd
+        for (int64_t i = 0; i < I; ++i) l[i] = nm::log_abs(xr[i], eps);
+      }
+      for (int64_t j = 0; j < O; ++j) {
+        T acc_a = 0, acc_u = 0, acc_z = 0;
+#pragma omp simd reduction(+ : acc_a, acc_u, acc_z)
+        for (int64_t i = 0; i < I; ++i) {
+          if constexpr (ADD) acc_a += xr[i] * w[j * I + i];
+          if constexpr (MUL) acc_u += l[i] * wm[j * I + i];
+          if constexpr (GATE == Gate::kInput) acc_z += xr[i] * gt[j * I + i];
+        }
+        const int64_t o = r * O + j;
+        if constexpr (ADD && MUL) {
+          const T mv = nm::exp_(acc_u);
+          const T gv = GATE == Gate::kInput ? nm::sigmoid(acc_z) : p.gind[e * O + j];
+          out.y[o] = nm::blend(acc_a, mv, gv);
+          out.a[o] = acc_a;
+          out.m[o] = mv;
+          if constexpr (GATE == Gate::kInput) out.g[o] = gv;
+        } else if constexpr (ADD) {
+          out.y[o] = acc_a;
+        } else {
+          out.y[o] = nm::exp_(acc_u);
+        }
+      }
+    }
+  });
+}
+
+// Gradients w.r.t. the pre-activations of one output element: da (additive path), du (before
+// the exp), dz (before the gate's sigmoid).
+template <typename T, bool ADD, bool MUL>
+inline void output_grads(T dy, T a, T m, T g, T* da, T* du, T* dz) {
+  if constexpr (ADD && MUL) {
+    nm::blend_backward(dy, a, m, g, da, du, dz);
+  } else if constexpr (ADD) {
+    *da = dy;
+  } else {
+    *du = dy * m;  // d exp(u) / du = exp(u) = m
+  }
+}
+
+// Saved forward values (see Forward).
+template <typename T>
+struct SavedPtrs {
+  const T* a = nullptr;   // (E, N, O), NALU
+  const T* m = nullptr;   // (E, N, O), NALU and NAC*
+  const T* g = nullptr;   // (E, N, O) input gate, (E, O) independent gate
+  const T* lx = nullptr;  // (E, N, I), NALU and NAC*
+};
+
+// The gate value of output element k = (e * N + n) * O + j.
+template <typename T, Gate GATE>
+inline T gate_at(const T* g, int64_t k, int64_t NO, int64_t O) {
+  if constexpr (GATE == Gate::kInput) return g[k];
+  if constexpr (GATE == Gate::kIndependent) return g[(k / NO) * O + k % O];
+  return T(0);
+}
+
+// Backward outputs. dW, dWm, dG are gradients w.r.t. W, W_m and G (before the weight
+// construction's backward), (E, I, O); dG is (E, O) for an independent gate.
+template <typename T>
+struct GradPtrs {
+  T* dx = nullptr;
+  T* dW = nullptr;
+  T* dWm = nullptr;  // separate weights only
+  T* dG = nullptr;
+};
+
+template <typename T, bool ADD, bool MUL, Gate GATE>
+void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const SavedPtrs<T>& sv, const T* dy,
+                      T eps, bool compute_grad_x, const GradPtrs<T>& out) {
+  const int64_t I = s.I, O = s.O, N = s.N, E = s.E, OI = O * I, NO = N * O;
+  const int64_t row_work = I * (O + 1) * 3;
+  // Each member's rows fall in fixed chunks; a chunk's weight gradients go to its own partial sum.
+  const int64_t chunk_rows = std::max<int64_t>(kMinChunkRows, (4 * kGrainWork + row_work - 1) / row_work);
+  const int64_t chunks = std::max<int64_t>(1, (N + chunk_rows - 1) / chunk_rows);
+  constexpr bool kGateIn = GATE == Gate::kInput;
+  const int64_t gate_off = OI * (sep ? 2 : 1);
+  const int64_t part_size = gate_off + (kGateIn ? OI : (GATE == Gate::kIndependent ? O : 0));
+  std::vector<T> partials(static_cast<size_t>(E * chunks * part_size));
+
+  at::parallel_for(0, E * chunks, grain_for(std::min(N, chunk_rows) * row_work), [&](int64_t t0, int64_t t1) {
+    std::vector<T> sx(MUL && compute_grad_x ? I : 0);
+    std::array<T, kRowwiseMaxOut> da{}, du{}, dz{};
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t e = t / chunks, c = t % chunks;
+      T* part = partials.data() + t * part_size;
+      std::fill(part, part + part_size, T(0));
+      T* pW = part;
+      T* pWm = sep ? part + OI : part;
+      T* pG = part + gate_off;
+      const T* w = p.W + e * OI;
+      const T* wm = p.Wm + e * OI;
+      const T* gt = kGateIn ? p.G + e * OI : nullptr;
+      const int64_t n1 = std::min(N, (c + 1) * chunk_rows);
+      for (int64_t n = c * chunk_rows; n < n1; ++n) {
+        const int64_t r = e * N + n;
+        const T* xr = p.x + r * I;
+        const T* l = MUL ? sv.lx + r * I : nullptr;
+        for (int64_t j = 0; j < O; ++j) {
+          const int64_t o = r * O + j;
+          output_grads<T, ADD, MUL>(dy[o], ADD && MUL ? sv.a[o] : T(0), MUL ? sv.m[o] : T(0),
+                                    gate_at<T, GATE>(sv.g, o, NO, O), &da[j], &du[j], &dz[j]);
+        }
+        if (compute_grad_x) {
+          T* dxr = out.dx + r * I;
+          T* sg = sx.data();
+          if constexpr (MUL) {
+#pragma omp simd
+            for (int64_t i = 0; i < I; ++i) sg[i] = nm::log_abs_grad(xr[i], eps);
+          }
+          // One vectorised pass over the row per output (O is small; the row stays in L1).
+          std::fill(dxr, dxr + I, T(0));
+          for (int64_t j = 0; j < O; ++j) {
+            const T* wj = w + j * I;
+            const T* wmj = wm + j * I;
+            const T* gj = kGateIn ? gt + j * I : nullptr;
+            const T daj = da[j], duj = du[j], dzj = dz[j];
+#pragma omp simd
+            for (int64_t i = 0; i < I; ++i) {
+              T v = 0;
+              if constexpr (ADD) v += daj * wj[i];
+              if constexpr (kGateIn) v += dzj * gj[i];
+              if constexpr (MUL) v += sg[i] * duj * wmj[i];
+              dxr[i] += v;
+            }
+          }
+        }
+        for (int64_t j = 0; j < O; ++j) {
+          T* gw = pW + j * I;
+          T* gwm = pWm + j * I;
+          const T daj = da[j], duj = du[j], dzj = dz[j];
+          if (sep) {
+#pragma omp simd
+            for (int64_t i = 0; i < I; ++i) {
+              gw[i] += xr[i] * daj;
+              gwm[i] += l[i] * duj;
+            }
+          } else {
+#pragma omp simd
+            for (int64_t i = 0; i < I; ++i) {
+              T v = 0;
+              if constexpr (ADD) v += xr[i] * daj;
+              if constexpr (MUL) v += l[i] * duj;
+              gw[i] += v;
+            }
+          }
+          if constexpr (kGateIn) {
+            T* gg = pG + j * I;
+#pragma omp simd
+            for (int64_t i = 0; i < I; ++i) gg[i] += xr[i] * dzj;
+          }
+          if constexpr (GATE == Gate::kIndependent) pG[j] += dzj;
+        }
+      }
+    }
+  });
+
+  // Sum each member's partials in chunk order, transposing (O, I) back to (I, O).
+  at::parallel_for(0, E, grain_for(chunks * part_size), [&](int64_t e0, int64_t e1) {
+    for (int64_t e = e0; e < e1; ++e) {
+      const T* base = partials.data() + e * chunks * part_size;
+      auto reduce_t = [&](int64_t offset, T* dst) {  // (O, I) partials -> (I, O) sum
+        for (int64_t j = 0; j < O; ++j) {
+          for (int64_t i = 0; i < I; ++i) {
+            T acc = 0;
+            for (int64_t c = 0; c < chunks; ++c) acc += base[c * part_size + offset + j * I + i];
+            dst[i * O + j] = acc;
+          }
+        }
+      };
+      reduce_t(0, out.dW + e * OI);
+      if (sep) reduce_t(OI, out.dWm + e * OI);
+      if constexpr (kGateIn) reduce_t(gate_off, out.dG + e * OI);
+      if constexpr (GATE == Gate::kIndependent) {
+        for (int64_t j = 0; j < O; ++j) {
+          T acc = 0;
+          for (int64_t c = 0; c < chunks; ++c) acc += base[c * part_size + gate_off + j];
+          out.dG[e * O + j] = acc;
+        }
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-level drivers
+// ---------------------------------------------------------------------------------------------
+
+// The constructed weights of a call in the layout of its path, the gate matrix in the same
+// layout, and sigmoid(G) for an independent gate.
+struct BuiltWeights {
+  at::Tensor W, Wm, G, gind;
+};
+
+BuiltWeights build_weights(const LayerKind& kind, const LayerShape& s, const LayerParams& p, bool transpose) {
+  const bool sep = kind.add && kind.mul && !kind.tied;
+  const int64_t n = s.E * s.I * s.O;
+  auto opts = p.W_hat.options();
+  BuiltWeights b;
+  dispatch_float(p.W_hat.scalar_type(), [&]<typename T>() {
+    auto build = [&](const at::Tensor& wh, const at::Tensor& mh) {
+      at::Tensor w = at::empty({s.E, s.I, s.O}, opts);
+      build_weight<T>(wh.contiguous().const_data_ptr<T>(), mh.contiguous().const_data_ptr<T>(), w.data_ptr<T>(), n);
+      if (!transpose) return w;
+      at::Tensor wt = at::empty({s.E, s.O, s.I}, opts);
+      transpose_last2<T>(w.const_data_ptr<T>(), wt.data_ptr<T>(), s.E, s.I, s.O);
+      return wt;
+    };
+    b.W = build(p.W_hat, p.M_hat);
+    b.Wm = sep ? build(p.W_hat_m, p.M_hat_m) : b.W;
+    if (kind.gate == Gate::kInput) {
+      at::Tensor g3 = p.G.reshape({s.E, s.I, s.O});
+      b.G = transpose ? g3.transpose(1, 2).contiguous() : g3.contiguous();
+    } else if (kind.gate == Gate::kIndependent) {
+      b.gind = at::empty({s.E, s.O}, opts);
+      const T* gp = p.G.contiguous().const_data_ptr<T>();
+      T* out = b.gind.data_ptr<T>();
+      for (int64_t k = 0; k < s.E * s.O; ++k) out[k] = nm::sigmoid(gp[k]);
+    }
+  });
+  return b;
+}
+
+template <typename T>
+Ptrs<T> ptrs_of(const at::Tensor& x3, const BuiltWeights& b) {
+  Ptrs<T> ptr;
+  ptr.x = x3.const_data_ptr<T>();
+  ptr.W = b.W.const_data_ptr<T>();
+  ptr.Wm = b.Wm.const_data_ptr<T>();
+  if (b.G.defined()) ptr.G = b.G.const_data_ptr<T>();
+  if (b.gind.defined()) ptr.gind = b.gind.const_data_ptr<T>();
+  return ptr;
+}
+
+template <typename T>
+T* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+template <typename T>
+const T* cptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.const_data_ptr<T>() : nullptr;
+}
+
+// blas path, forward: products by bmm, then one fused epilogue (exp, sigmoid, blend).
+template <typename T>
+void blas_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& x3, const BuiltWeights& b,
+                  const Ptrs<T>& ptr, T eps, Forward& f) {
+  if (kind.mul) {
+    T* lx = f.lx.data_ptr<T>();
+    parallel_simd(x3.numel(), 32, [=](int64_t k) { lx[k] = nm::log_abs(ptr.x[k], eps); });
+  }
+  if (!kind.mul) {  // NAC+
+    at::bmm_out(f.y, x3, b.W);
+    return;
+  }
+  if (!kind.add) {  // NAC*
+    at::bmm_out(f.y, f.lx, b.W);
+    T* y = f.y.data_ptr<T>();
+    parallel_simd(f.y.numel(), 32, [=](int64_t k) { y[k] = nm::exp_(y[k]); });
+    return;
+  }
+  at::bmm_out(f.a, x3, b.W);
+  at::bmm_out(f.m, f.lx, b.Wm);                              // u, exponentiated below
+  if (kind.gate == Gate::kInput) at::bmm_out(f.g, x3, b.G);  // z, squashed below
+  const T* a = f.a.const_data_ptr<T>();
+  T* m = f.m.data_ptr<T>();
+  T* y = f.y.data_ptr<T>();
+  const int64_t O = s.O, NO = s.N * s.O;
+  if (kind.gate == Gate::kInput) {
+    T* g = f.g.data_ptr<T>();
+    parallel_simd(f.y.numel(), 64, [=](int64_t k) {
+      const T mv = nm::exp_(m[k]);
+      const T gv = nm::sigmoid(g[k]);
+      m[k] = mv;
+      g[k] = gv;
+      y[k] = nm::blend(a[k], mv, gv);
+    });
+  } else {
+    const T* gind = ptr.gind;
+    parallel_simd(f.y.numel(), 32, [=](int64_t k) {
+      const T mv = nm::exp_(m[k]);
+      m[k] = mv;
+      y[k] = nm::blend(a[k], mv, gind[(k / NO) * O + k % O]);
+    });
+  }
+}
+
+// blas path, backward: a fused prologue (da, du, dz), products by bmm, a fused x-gradient epilogue.
+template <typename T>
+void blas_backward(const LayerKind& kind, const LayerShape& s, bool sep, const at::Tensor& x3,
+                   const at::Tensor& dy3, const BuiltWeights& b, const Ptrs<T>& ptr, const SavedPtrs<T>& sv,
+                   const at::Tensor& lx3, T eps, bool compute_grad_x, at::Tensor& dx, at::Tensor& dW,
+                   at::Tensor& dWm, at::Tensor& dG) {
+  auto opts = x3.options();
+  const int64_t O = s.O, NO = s.N * s.O, count = s.E * NO;
+  at::Tensor da = kind.add ? at::empty({s.E, s.N, s.O}, opts) : at::Tensor();
+  at::Tensor du = kind.mul ? at::empty({s.E, s.N, s.O}, opts) : at::Tensor();
+  at::Tensor dz = kind.gate != Gate::kNone ? at::empty({s.E, s.N, s.O}, opts) : at::Tensor();
+  T* dap = ptr_or_null<T>(da);
+  T* dup = ptr_or_null<T>(du);
+  T* dzp = ptr_or_null<T>(dz);
+  const T* dyp = dy3.const_data_ptr<T>();
+  dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
+    parallel_simd(count, 16, [=](int64_t k) {
+      T dav = 0, duv = 0, dzv = 0;
+      output_grads<T, ADD, MUL>(dyp[k], ADD && MUL ? sv.a[k] : T(0), MUL ? sv.m[k] : T(0),
+                                gate_at<T, GATE>(sv.g, k, NO, O), &dav, &duv, &dzv);
+      if constexpr (ADD) dap[k] = dav;
+      if constexpr (MUL) dup[k] = duv;
+      if constexpr (GATE != Gate::kNone) dzp[k] = dzv;
+    });
+  });
+  at::Tensor xt = x3.transpose(1, 2);
+  if (kind.add) at::bmm_out(dW, xt, da);
+  if (kind.mul) {
+    at::Tensor lxt = lx3.transpose(1, 2);
+    if (sep) {
+      at::bmm_out(dWm, lxt, du);
+    } else if (kind.add) {
+      dW.baddbmm_(lxt, du);
+    } else {
+      at::bmm_out(dW, lxt, du);
+    }
+  }
+  if (kind.gate == Gate::kInput) at::bmm_out(dG, xt, dz);
+  if (kind.gate == Gate::kIndependent) at::sum_out(dG, dz, {1});
+  if (!compute_grad_x) return;
+  if (kind.add) {
+    at::bmm_out(dx, da, b.W.transpose(1, 2));
+    if (kind.gate == Gate::kInput) dx.baddbmm_(dz, b.G.transpose(1, 2));
+  }
+  if (kind.mul) {
+    at::Tensor t = at::bmm(du, b.Wm.transpose(1, 2));
+    const T* tp = t.const_data_ptr<T>();
+    const T* xp = ptr.x;
+    T* dxp = dx.data_ptr<T>();
+    if (kind.add) {
+      parallel_simd(dx.numel(), 8, [=](int64_t k) { dxp[k] += tp[k] * nm::log_abs_grad(xp[k], eps); });
+    } else {
+      parallel_simd(dx.numel(), 8, [=](int64_t k) { dxp[k] = tp[k] * nm::log_abs_grad(xp[k], eps); });
+    }
+  }
+}
+
+}  // namespace
+
+Forward layer_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& x, const LayerParams& p,
+                      double eps) {
+  const bool use_rowwise = rowwise(s);
+  const bool nalu = kind.add && kind.mul;
+  at::Tensor x3 = x.contiguous().view({s.E, s.N, s.I});
+  BuiltWeights b = build_weights(kind, s, p, /*transpose=*/use_rowwise);
+  auto opts = x.options();
+  Forward f;
+  f.y = at::empty({s.E, s.N, s.O}, opts);
+  if (kind.mul) f.lx = at::empty({s.E, s.N, s.I}, opts);
+  if (nalu) {
+    f.a = at::empty({s.E, s.N, s.O}, opts);
+    f.m = at::empty({s.E, s.N, s.O}, opts);
+    f.g = kind.gate == Gate::kInput ? at::empty({s.E, s.N, s.O}, opts) : b.gind;
+  }
+  dispatch_float(x.scalar_type(), [&]<typename T>() {
+    const Ptrs<T> ptr = ptrs_of<T>(x3, b);
+    const T teps = static_cast<T>(eps);
+    if (!use_rowwise) {
+      blas_forward<T>(kind, s, x3, b, ptr, teps, f);
+      return;
+    }
+    OutPtrs<T> out;
+    out.y = f.y.data_ptr<T>();
+    out.a = ptr_or_null<T>(f.a);
+    out.m = ptr_or_null<T>(f.m);
+    out.g = kind.gate == Gate::kInput ? f.g.data_ptr<T>() : nullptr;
+    out.lx = ptr_or_null<T>(f.lx);
+    dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
+      rowwise_forward<T, ADD, MUL, GATE>(s, ptr, teps, out);
+    });
+  });
+
+  // Back to the caller's shapes.
+  Forward r;
+  r.y = f.y.view(s.out_sizes);
+  if (kind.mul) r.lx = f.lx.view(x.sizes());
+  if (nalu) {
+    r.a = f.a.view(s.out_sizes);
+    r.m = f.m.view(s.out_sizes);
+    r.g = kind.gate == Gate::kInput ? f.g.view(s.out_sizes) : f.g.view(p.G.sizes());
+  }
+  return r;
+}
+
+Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Tensor& grad_y, const at::Tensor& x,
+                        const LayerParams& p, const Forward& saved, double eps, bool compute_grad_x) {
+  const bool nalu = kind.add && kind.mul;
+  const bool sep = nalu && !kind.tied;
+  const bool use_rowwise = rowwise(s);
+  auto opts = x.options();
+  at::Tensor x3 = x.contiguous().view({s.E, s.N, s.I});
+  at::Tensor dy3 = grad_y.contiguous().view({s.E, s.N, s.O});
+  at::Tensor a3 = nalu ? saved.a.contiguous() : at::Tensor();
+  at::Tensor m3 = kind.mul ? saved.m.contiguous() : at::Tensor();
+  at::Tensor g3 = kind.gate != Gate::kNone ? saved.g.contiguous() : at::Tensor();
+  at::Tensor lx3 = kind.mul ? saved.lx.contiguous().view({s.E, s.N, s.I}) : at::Tensor();
+  BuiltWeights b = build_weights(kind, s, p, /*transpose=*/use_rowwise);
+
+  // Gradients w.r.t. the constructed weights and the gate, (E, I, O) / (E, O).
+  at::Tensor dW = at::empty({s.E, s.I, s.O}, opts);
+  at::Tensor dWm = sep ? at::empty({s.E, s.I, s.O}, opts) : at::Tensor();
+  at::Tensor dG;
+  if (kind.gate == Gate::kInput) dG = at::empty({s.E, s.I, s.O}, opts);
+  if (kind.gate == Gate::kIndependent) dG = at::empty({s.E, s.O}, opts);
+  at::Tensor dx = compute_grad_x ? at::empty({s.E, s.N, s.I}, opts) : at::Tensor();
+
+  dispatch_float(x.scalar_type(), [&]<typename T>() {
+    const Ptrs<T> ptr = ptrs_of<T>(x3, b);
+    SavedPtrs<T> sv;
+    sv.a = cptr_or_null<T>(a3);
+    sv.m = cptr_or_null<T>(m3);
+    sv.g = cptr_or_null<T>(g3);
+    sv.lx = cptr_or_null<T>(lx3);
+    const T teps = static_cast<T>(eps);
+    if (!use_rowwise) {
+      blas_backward<T>(kind, s, sep, x3, dy3, b, ptr, sv, lx3, teps, compute_grad_x, dx, dW, dWm, dG);
+      return;
+    }
+    GradPtrs<T> gp;
+    gp.dx = ptr_or_null<T>(dx);
+    gp.dW = dW.data_ptr<T>();
+    gp.dWm = ptr_or_null<T>(dWm);
+    gp.dG = ptr_or_null<T>(dG);
+    const T* dyp = dy3.const_data_ptr<T>();
+    dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
+      rowwise_backward<T, ADD, MUL, GATE>(s, sep, ptr, sv, dyp, teps, compute_grad_x, gp);
+    });
+  });
+
+  // Through the weight construction, back to the parameters.
+  Backward g;
+  std::tie(g.grad_W_hat, g.grad_M_hat) = weight_backward(dW.view(p.W_hat.sizes()), p.W_hat, p.M_hat);
+  if (sep) std::tie(g.grad_W_hat_m, g.grad_M_hat_m) = weight_backward(dWm.view(p.W_hat.sizes()), p.W_hat_m, p.M_hat_m);
+  if (dG.defined()) g.grad_G = dG.view(p.G.sizes());
+  if (compute_grad_x) g.grad_x = dx.view(x.sizes());
+  return g;
+}
+
+at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat) {
+  at::Tensor out = at::empty(W_hat.sizes(), W_hat.options());
+  dispatch_float(W_hat.scalar_type(), [&]<typename T>() {
+    build_weight<T>(W_hat.contiguous().const_data_ptr<T>(), M_hat.contiguous().const_data_ptr<T>(),
+                    out.data_ptr<T>(), out.numel());
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> weight_backward(const at::Tensor& grad_W, const at::Tensor& W_hat,
+                                                   const at::Tensor& M_hat) {
+  at::Tensor gw = at::empty(W_hat.sizes(), W_hat.options());
+  at::Tensor gm = at::empty(W_hat.sizes(), W_hat.options());
+  dispatch_float(W_hat.scalar_type(), [&]<typename T>() {
+    weight_backward_pass<T>(grad_W.contiguous().const_data_ptr<T>(), W_hat.contiguous().const_data_ptr<T>(),
+                            M_hat.contiguous().const_data_ptr<T>(), gw.data_ptr<T>(), gm.data_ptr<T>(), gw.numel());
+  });
+  return {gw, gm};
+}
+
+}  // namespace NALU_CPU_ISA
+}  // namespace cpu
+}  // namespace nalu_cuda

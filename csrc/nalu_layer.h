@@ -1,0 +1,70 @@
+// nalu_layer.h: what every NAC/NALU kernel (CPU or CUDA) agrees on before touching data.
+//
+// A layer is described by a LayerKind (which paths it has) and, once its arguments are checked,
+// a LayerShape. Weights are (I, O), x is (..., I) and y is (..., O), as in the paper's y = x W;
+// with an ensemble, weights are (E, I, O) and x is (E, ..., I): E independent models in one call.
+// Kernels see every tensor as contiguous (E, N, I) / (E, I, O) / (E, N, O) with E = 1 for a plain
+// layer and N the number of rows per member.
+//
+// The argument checks live here, once, so that the CPU and CUDA kernels give the same messages:
+// each names the op, the argument, what was expected and what was given.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <string>
+#include <vector>
+
+namespace nalu_cuda {
+
+enum class Gate { kNone, kInput, kIndependent };
+
+struct LayerKind {
+  bool add;   // additive path a = x W
+  bool mul;   // multiplicative path m = exp(log(|x| + eps) W_m)
+  bool tied;  // W_m is W (only meaningful with add && mul)
+  Gate gate;  // how a and m are blended (kNone: one path only)
+};
+
+struct LayerShape {
+  bool ensemble = false;
+  int64_t E = 1, N = 0, I = 0, O = 0;
+  std::vector<int64_t> out_sizes;  // x.sizes()[:-1] + [O]
+};
+
+// The weights and gate of one call, as given (possibly undefined when not used).
+struct LayerParams {
+  at::Tensor W_hat, M_hat;      // (I, O) or (E, I, O)
+  at::Tensor W_hat_m, M_hat_m;  // separate multiplicative weights, undefined when tied or unused
+  at::Tensor G;                 // (I, O) / (E, I, O) input gate, (O,) / (E, O) independent gate
+};
+
+// Checks a pair (W_hat, M_hat) of weight tensors: floating, same dtype/device/shape, rank 2 or 3.
+void check_weight_pair(const char* op, const at::Tensor& W_hat, const at::Tensor& M_hat,
+                       const char* w_name = "W_hat", const char* m_name = "M_hat");
+
+// Checks x and every parameter of a layer call and returns the shape. `eps` is checked when the
+// layer has a multiplicative path.
+LayerShape check_layer(const char* op, const LayerKind& kind, const at::Tensor& x,
+                       const LayerParams& params, double eps);
+
+// Checks a backward op's grad_y and the forward results it was given: a, m, g for NALU; m (the
+// forward's y) for NAC*; lx for both. Undefined tensors are not checked (not used by the kind).
+void check_saved(const char* op, const LayerKind& kind, const LayerShape& s, const at::Tensor& x,
+                 const at::Tensor& G, const at::Tensor& grad_y, const at::Tensor& a,
+                 const at::Tensor& m, const at::Tensor& g, const at::Tensor& lx);
+
+// Checks that `t` (named `name`) has exactly `sizes` and the dtype/device of `like`.
+void check_like(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef sizes,
+                const at::Tensor& like);
+
+// Checks that the kernel of `device_name` supports `dtype` (listed in `supported`).
+void check_dtype_supported(const char* op, const at::Tensor& x, const char* device_name,
+                           const std::vector<at::ScalarType>& supported);
+
+// What an op returns for a gradient it was not asked for (tied weights, skipped grad_x): a tensor
+// of shape (0,) with the options of `like`, so that the op's return schema stays all-Tensor.
+at::Tensor empty_grad(const at::Tensor& like);
+
+}  // namespace nalu_cuda

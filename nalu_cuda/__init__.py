@@ -1,0 +1,30 @@
+"""nalu_cuda: Neural Accumulators and Neural Arithmetic Logic Units (Trask et al., 2018) for
+PyTorch, with fused CPU and CUDA kernels registered as torch custom ops.
+
+    >>> import torch, nalu_cuda
+    >>> layer = nalu_cuda.NALU(100, 2)            # weights (in, out): y = x W
+    >>> y = layer(torch.rand(128, 100) + 1)       # (128, 2)
+
+Modules: :class:`NAC`, :class:`NACMul`, :class:`NALU`. Functions: :mod:`nalu_cuda.functional`
+(the fused ops) and :mod:`nalu_cuda.reference` (the pure-PyTorch specification).
+"""
+from . import _ops, functional, reference
+from .modules import BACKENDS, NAC, NALU, NACMul
+
+__version__ = "0.1.0"
+__all__ = ["NAC", "NACMul", "NALU", "BACKENDS", "functional", "reference", "has_extension", "build_info"]
+
+
+def has_extension() -> bool:
+    """True when the native ops are loaded (``torch.ops.nalu_cuda``)."""
+    return _ops.ops is not None
+
+
+def has_cuda_kernels() -> bool:
+    """True when the loaded library has CUDA kernels."""
+    return _ops.has_kernel("cuda")
+
+
+def build_info() -> dict:
+    """How the native library was built (version, OpenMP, CUDA), or {} when it is not loaded."""
+    return dict(_ops.BUILD_INFO)

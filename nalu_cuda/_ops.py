@@ -1,0 +1,210 @@
+"""Loading of the native ops, their fake (meta) implementations and their autograd.
+
+The schemas are declared in ``csrc/nalu_ops.cpp``; kernels are registered per device in C++.
+Here, for every op, ``torch.library.register_fake`` (shapes only, so ``torch.compile`` traces the
+ops without running them). Autograd is registered in C++ (``csrc/autograd.cpp``): each forward
+op's backward is one call of the matching ``*_backward`` op.
+
+The library comes from the extension module ``nalu_cuda._C`` or, when the environment variable
+``NALU_CUDA_LIBRARY`` names a file, from that shared library (the CMake build).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+ops = None  # torch.ops.nalu_cuda once loaded
+LOAD_ERROR: Optional[BaseException] = None
+BUILD_INFO: dict = {}
+
+
+def _load() -> None:
+    global ops, BUILD_INFO
+    path = os.environ.get("NALU_CUDA_LIBRARY")
+    if path:
+        torch.ops.load_library(path)
+        BUILD_INFO = {"library": os.path.basename(path)}
+    else:
+        from . import _C  # noqa: F401  (loading it registers the ops)
+
+        BUILD_INFO = dict(_C.build_info())
+    ops = torch.ops.nalu_cuda
+
+
+try:
+    _load()
+except (ImportError, OSError) as exc:  # not built, or built against another torch
+    LOAD_ERROR = exc
+    if os.environ.get("NALU_CUDA_REQUIRE_EXT", "0") == "1":
+        raise ImportError(
+            "nalu_cuda: the native extension could not be loaded and NALU_CUDA_REQUIRE_EXT=1 "
+            f"forbids falling back to the reference path: {exc}"
+        ) from exc
+
+OP_NAMES = (
+    "nac_weight",
+    "nac_weight_backward",
+    "nac_forward",
+    "nac_backward",
+    "nac_mul_forward",
+    "nac_mul_backward",
+    "nalu_forward",
+    "nalu_backward",
+)
+
+
+def has_kernel(device_type: str) -> bool:
+    """Whether the loaded library has kernels for ``device_type`` ("cpu", "cuda", ...)."""
+    if ops is None:
+        return False
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
+    return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key("nalu_cuda::nalu_forward", key)
+
+
+# (device type, dtype) pairs with a fused kernel; fixed at import so that lookups are constant
+# under torch.compile.
+KERNEL_DTYPES = frozenset(
+    ([("cpu", torch.float32), ("cpu", torch.float64)] if has_kernel("cpu") else [])
+    + ([("cuda", dt) for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16)] if has_kernel("cuda") else [])
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# Shape logic of the fakes: the same checks and messages as csrc/nalu_layer.cpp, on metadata only.
+# ------------------------------------------------------------------------------------------------
+
+
+def _fail(op: str, msg: str):
+    raise RuntimeError(f"nalu_cuda::{op}: {msg}")
+
+
+def _check_float(op: str, name: str, t: Optional[Tensor]) -> None:
+    if t is None:
+        _fail(op, f"argument '{name}' must be a tensor, got None")
+    if not t.dtype.is_floating_point:
+        _fail(op, f"argument '{name}' must be a floating-point tensor, got dtype {t.dtype}")
+
+
+def _check_match(op: str, name: str, t: Tensor, ref_name: str, ref: Tensor) -> None:
+    if t.dtype != ref.dtype:
+        _fail(op, f"argument '{name}' must have the dtype of '{ref_name}' ({ref.dtype}), got {t.dtype}")
+    if t.device != ref.device:
+        _fail(op, f"argument '{name}' must be on the device of '{ref_name}' ({ref.device}), got {t.device}")
+
+
+def _check_pair(op: str, W_hat: Tensor, M_hat: Tensor, w: str = "W_hat", m: str = "M_hat") -> None:
+    _check_float(op, w, W_hat)
+    _check_float(op, m, M_hat)
+    if W_hat.dim() not in (2, 3):
+        _fail(op, f"argument '{w}' must have shape (in, out) or (E, in, out), got {list(W_hat.shape)}")
+    if M_hat.shape != W_hat.shape:
+        _fail(op, f"argument '{m}' must have the shape of '{w}' {list(W_hat.shape)}, got {list(M_hat.shape)}")
+    _check_match(op, m, M_hat, w, W_hat)
+
+
+def _layer_out_shape(
+    op: str,
+    x: Tensor,
+    W_hat: Tensor,
+    M_hat: Tensor,
+    W_hat_m: Optional[Tensor] = None,
+    M_hat_m: Optional[Tensor] = None,
+    G: Optional[Tensor] = None,
+    input_gate: bool = True,
+    eps: Optional[float] = None,
+) -> list:
+    _check_float(op, "x", x)
+    _check_pair(op, W_hat, M_hat)
+    _check_match(op, "W_hat", W_hat, "x", x)
+    I, O = W_hat.shape[-2], W_hat.shape[-1]
+    if W_hat.dim() == 3:
+        E = W_hat.shape[0]
+        if x.dim() < 2 or x.shape[0] != E or x.shape[-1] != I:
+            _fail(op, f"argument 'x' must have shape (E, ..., in) = ({E}, ..., {I}) to match ensemble "
+                      f"weights 'W_hat' {list(W_hat.shape)}, got {list(x.shape)}")
+    elif x.dim() < 1 or x.shape[-1] != I:
+        _fail(op, f"argument 'x' must have shape (..., in) = (..., {I}) to match 'W_hat' "
+                  f"{list(W_hat.shape)}, got {list(x.shape)}")
+    if (W_hat_m is None) != (M_hat_m is None):
+        _fail(op, "separate multiplicative weights need both 'W_hat_m' and 'M_hat_m'")
+    if W_hat_m is not None:
+        _check_pair(op, W_hat_m, M_hat_m, "W_hat_m", "M_hat_m")
+        if W_hat_m.shape != W_hat.shape:
+            _fail(op, f"argument 'W_hat_m' must have the shape of 'W_hat' {list(W_hat.shape)}, "
+                      f"got {list(W_hat_m.shape)}")
+        _check_match(op, "W_hat_m", W_hat_m, "x", x)
+    if G is not None:
+        _check_float(op, "G", G)
+        _check_match(op, "G", G, "x", x)
+        if input_gate and G.shape != W_hat.shape:
+            _fail(op, f"argument 'G' of an input-dependent gate must have the shape of 'W_hat' "
+                      f"{list(W_hat.shape)}, got {list(G.shape)}")
+        want = list(W_hat.shape[:-2]) + [O]
+        if not input_gate and list(G.shape) != want:
+            _fail(op, f"argument 'G' of an input-independent gate must have shape {want}, got {list(G.shape)}")
+    if eps is not None and not (eps > 0 and eps != float("inf")):
+        _fail(op, f"argument 'eps' must be a positive finite number, got {eps}")
+    return list(x.shape[:-1]) + [O]
+
+
+def _grad_or_empty(flag: bool, like: Tensor, ref: Tensor) -> Tensor:
+    return torch.empty_like(like) if flag else ref.new_empty((0,))
+
+
+def _register_fakes() -> None:
+    reg = torch.library.register_fake
+
+    @reg("nalu_cuda::nac_weight")
+    def _(W_hat, M_hat):
+        _check_pair("nac_weight", W_hat, M_hat)
+        return torch.empty_like(W_hat)
+
+    @reg("nalu_cuda::nac_weight_backward")
+    def _(grad_W, W_hat, M_hat):
+        _check_pair("nac_weight_backward", W_hat, M_hat)
+        return torch.empty_like(W_hat), torch.empty_like(M_hat)
+
+    @reg("nalu_cuda::nac_forward")
+    def _(x, W_hat, M_hat):
+        return x.new_empty(_layer_out_shape("nac_forward", x, W_hat, M_hat))
+
+    @reg("nalu_cuda::nac_backward")
+    def _(grad_y, x, W_hat, M_hat, compute_grad_x):
+        _layer_out_shape("nac_backward", x, W_hat, M_hat)
+        return _grad_or_empty(compute_grad_x, x, x), torch.empty_like(W_hat), torch.empty_like(M_hat)
+
+    @reg("nalu_cuda::nac_mul_forward")
+    def _(x, W_hat, M_hat, eps):
+        return x.new_empty(_layer_out_shape("nac_mul_forward", x, W_hat, M_hat, eps=eps)), torch.empty_like(x)
+
+    @reg("nalu_cuda::nac_mul_backward")
+    def _(grad_y, x, W_hat, M_hat, y, lx, eps, compute_grad_x):
+        _layer_out_shape("nac_mul_backward", x, W_hat, M_hat, eps=eps)
+        return _grad_or_empty(compute_grad_x, x, x), torch.empty_like(W_hat), torch.empty_like(M_hat)
+
+    @reg("nalu_cuda::nalu_forward")
+    def _(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate):
+        shape = _layer_out_shape("nalu_forward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps)
+        g = x.new_empty(shape) if input_gate else torch.empty_like(G)
+        return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape), g, torch.empty_like(x)
+
+    @reg("nalu_cuda::nalu_backward")
+    def _(grad_y, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, eps, input_gate, compute_grad_x):
+        _layer_out_shape("nalu_backward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps)
+        sep = W_hat_m is not None
+        return (
+            _grad_or_empty(compute_grad_x, x, x),
+            torch.empty_like(W_hat),
+            torch.empty_like(M_hat),
+            _grad_or_empty(sep, W_hat, x),
+            _grad_or_empty(sep, W_hat, x),
+            torch.empty_like(G),
+        )
+
+
+if ops is not None:
+    _register_fakes()
+

@@ -1,0 +1,58 @@
+"""The fused ops as differentiable functions, with the signatures of :mod:`nalu_cuda.reference`.
+
+Each function is one call of a ``torch.ops.nalu_cuda`` op forward and one call of its backward
+op in the backward pass. Shapes and conventions are those of :mod:`nalu_cuda.reference`.
+Errors (wrong shapes, dtypes, devices, eps) come from the op and name it and the argument.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from torch import Tensor
+
+from . import _ops
+from .reference import DEFAULT_EPS, GATES
+
+__all__ = ["nac_weight", "nac", "nac_mul", "nalu"]
+
+
+def _ops_or_raise():
+    if _ops.ops is None:
+        raise RuntimeError(
+            f"nalu_cuda: the native extension is not loaded ({_ops.LOAD_ERROR}); build it with "
+            "`pip install --no-build-isolation -e .` or use the reference path (backend='reference')"
+        )
+    return _ops.ops
+
+
+def nac_weight(W_hat: Tensor, M_hat: Tensor) -> Tensor:
+    """``W = tanh(W_hat) * sigmoid(M_hat)``."""
+    return _ops_or_raise().nac_weight(W_hat, M_hat)
+
+
+def nac(x: Tensor, W_hat: Tensor, M_hat: Tensor) -> Tensor:
+    """NAC+: ``y = x W``."""
+    return _ops_or_raise().nac_forward(x, W_hat, M_hat)
+
+
+def nac_mul(x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
+    """NAC*: ``y = exp(log(|x| + eps) W)``."""
+    y, _lx = _ops_or_raise().nac_mul_forward(x, W_hat, M_hat, eps)
+    return y
+
+
+def nalu(
+    x: Tensor,
+    W_hat: Tensor,
+    M_hat: Tensor,
+    G: Tensor,
+    W_hat_m: Optional[Tensor] = None,
+    M_hat_m: Optional[Tensor] = None,
+    eps: float = DEFAULT_EPS,
+    gate: str = "input",
+) -> Tensor:
+    """NALU: ``y = g a + (1 - g) m``; see :func:`nalu_cuda.reference.nalu`."""
+    if gate not in GATES:
+        raise ValueError(f"nalu_cuda.functional.nalu: argument 'gate' must be one of {GATES}, got {gate!r}")
+    y, _a, _m, _g, _lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
+    return y

@@ -1,0 +1,96 @@
+"""Build of nalu_cuda and its native extension nalu_cuda._C.
+
+    pip install --no-build-isolation -e .
+
+builds the CPU kernels (C++, OpenMP) always, and the CUDA kernels when the installed torch was
+built with CUDA and a CUDA toolkit is found. Switches (environment variables):
+
+    NALU_CUDA_FORCE_CUDA=1   build the CUDA kernels or fail
+    NALU_CUDA_NO_CUDA=1      never build the CUDA kernels
+    NALU_CUDA_DEBUG=1        -O0 -g instead of -O3 -g0
+    TORCH_CUDA_ARCH_LIST     CUDA architectures (default: the local GPU's, else "8.0;9.0+PTX")
+    MAX_JOBS                 parallel compile jobs
+"""
+import glob
+import os
+import shutil
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VERSION = "0.1.0"
+
+
+def _default_cuda_home():
+    # torch guesses CUDA_HOME from the nvcc on PATH; a wrapper script such as /usr/local/bin/nvcc
+    # makes that guess /usr/local. Prefer the conventional toolkit location when it has nvcc.
+    if "CUDA_HOME" not in os.environ and "CUDA_PATH" not in os.environ:
+        if os.path.exists("/usr/local/cuda/bin/nvcc"):
+            os.environ["CUDA_HOME"] = "/usr/local/cuda"
+
+
+_default_cuda_home()
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+
+def _flag(name):
+    return os.environ.get(name, "0") not in ("", "0", "false", "False")
+
+
+def _want_cuda():
+    if _flag("NALU_CUDA_NO_CUDA"):
+        return False
+    have = torch.version.cuda is not None and CUDA_HOME is not None and (
+        os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc")) or shutil.which("nvcc") is not None
+    )
+    if _flag("NALU_CUDA_FORCE_CUDA") and not have:
+        raise RuntimeError(
+            "NALU_CUDA_FORCE_CUDA=1 but no CUDA build is possible: "
+            f"torch.version.cuda={torch.version.cuda!r}, CUDA_HOME={CUDA_HOME!r}"
+        )
+    return have
+
+
+def _extension():
+    debug = _flag("NALU_CUDA_DEBUG")
+    opt = ["-O0", "-g"] if debug else ["-O3", "-g0"]
+    sources = [
+        "csrc/nalu_ops.cpp",
+        "csrc/nalu_layer.cpp",
+        "csrc/autocast.cpp",
+        "csrc/autograd.cpp",
+        "csrc/module.cpp",
+    ] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    macros = [("NALU_CUDA_VERSION", f'"{VERSION}"')]
+    # -fno-trapping-math lets gcc turn the selects of csrc/nalu_math.h into vector blends (it
+    # changes no result: nothing here reads floating-point exception flags).
+    cxx = opt + ["-fopenmp", "-fno-trapping-math", "-Wall", "-Wno-unknown-pragmas"]
+    link = ["-fopenmp"]
+    if _want_cuda():
+        if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
+            # No GPU to ask: Ampere and Hopper machine code, plus PTX for anything newer.
+            os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
+        sources += sorted(glob.glob("csrc/cuda/*.cu"))
+        macros.append(("NALU_CUDA_WITH_CUDA", None))
+        nvcc = opt[:1] + ["-lineinfo"] if not debug else ["-O0", "-g", "-G"]
+        return CUDAExtension(
+            "nalu_cuda._C",
+            sources,
+            define_macros=macros,
+            extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+            extra_link_args=link,
+        )
+    return CppExtension(
+        "nalu_cuda._C", sources, define_macros=macros, extra_compile_args={"cxx": cxx}, extra_link_args=link
+    )
+
+
+setup(
+    name="nalu_cuda",
+    version=VERSION,
+    packages=find_packages(include=["nalu_cuda", "nalu_cuda.*"]),
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)
