@@ -1,0 +1,54 @@
+"""Helpers shared by the test suite and the benchmarks: which devices and dtypes to run on, and
+how to draw inputs that keep every check meaningful.
+
+* ``devices()``: "cpu", plus "cuda" when a GPU is visible and the CUDA kernels are built.
+* ``dtypes(device)``: the dtypes the fused kernels take on that device.
+* ``rand_input``: values bounded away from 0 (finite differences across |x| = 0 are meaningless)
+  with random signs; ``rand_params``: weights scaled so exp() of the multiplicative path stays
+  finite (an inf on both sides would "match").
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _ops
+
+__all__ = ["devices", "dtypes", "rand_input", "rand_params", "TOLERANCES"]
+
+# (rtol, atol) for fused-vs-reference comparisons, per dtype (values; gradients use grad_tol).
+TOLERANCES: Dict[torch.dtype, Tuple[float, float]] = {
+    torch.float64: (1e-10, 1e-12),
+    torch.float32: (1e-5, 1e-6),
+}
+GRAD_TOLERANCES: Dict[torch.dtype, Tuple[float, float]] = {
+    torch.float64: (1e-9, 1e-11),
+    torch.float32: (1e-4, 1e-5),
+}
+
+
+def devices() -> List[str]:
+    out = ["cpu"]
+    if torch.cuda.is_available() and _ops.has_kernel("cuda"):
+        out.append("cuda")
+    return out
+
+
+def dtypes(device: str) -> List[torch.dtype]:
+    return sorted({dt for dev, dt in _ops.KERNEL_DTYPES if dev == device}, key=str)
+
+
+def rand_input(shape: Sequence[int], *, dtype=torch.float64, device="cpu", low: float = 0.5, high: float = 1.5,
+               generator: Optional[torch.Generator] = None) -> Tensor:
+    """Uniform magnitudes in [low, high] with random signs."""
+    mag = torch.rand(*shape, dtype=dtype, generator=generator) * (high - low) + low
+    sign = torch.randint(0, 2, tuple(shape), generator=generator).to(dtype) * 2 - 1
+    return (mag * sign).to(device)
+
+
+def rand_params(shape: Sequence[int], *, scale: float = 0.5, dtype=torch.float64, device="cpu",
+                generator: Optional[torch.Generator] = None) -> Tensor:
+    """Normal weights times ``scale`` (|W| = |tanh * sigmoid| < 1 keeps exp(lx W) modest)."""
+    return (torch.randn(*shape, dtype=dtype, generator=generator) * scale).to(device)
