@@ -1,0 +1,302 @@
+"""The plugin interface every experiment implements, and the registry the CLI reads.
+
+An experiment module builds one :class:`Experiment` and calls :func:`register` at import time;
+:data:`nalu_cuda.experiments.EXPERIMENT_MODULES` lists the modules that the package imports, so
+adding a module name there is all it takes to get:
+
+* a subcommand ``nalu-cuda <name> ...`` (arguments from ``add_arguments``, configurations from
+  ``configs``), with the shared options ``--device --seeds --steps --out --resume --overwrite
+  --no-progress``;
+* a part of ``nalu-cuda reproduce --profile quick|paper`` (configurations from ``profile_configs``);
+* one record per configuration in ``summary.json``, one row per seed in
+  ``per_seed_<experiment>.csv``, a section of ``report.md``, checkpoints and ``--resume``.
+
+The flow, driven by :mod:`nalu_cuda.experiments.runner`, for every :class:`Config`:
+
+1. ``run(config, ctx)`` trains all seeds (ideally as one ensemble) and returns a
+   :class:`RunOutput`: one JSON-serialisable dict per seed (``records``) and optional
+   configuration-level data (``extra``: curves, predictions for plots; JSON-serialisable).
+   Long runs call ``ctx.save_checkpoint(obj)`` now and then and start with
+   ``ctx.load_checkpoint()`` (``None`` when there is nothing to resume).
+2. The runner writes ``<out>/runs/<experiment>/<config.name>/result.json`` atomically, with the
+   configuration's fingerprint, as soon as the configuration finishes; ``--resume`` skips
+   configurations whose result is there and refuses (clear error) results or checkpoints whose
+   fingerprint differs.
+3. ``summarize(config, records, extra)`` gives the configuration's ``summary.json`` record. The
+   default, :func:`default_summary`, copies the configuration's identity and parameters and adds
+   the rates and medians of the standard per-seed keys below that the records have.
+4. ``report_section(results, out_dir)`` returns the experiment's Markdown section of
+   ``report.md`` (it may write PNG plots into ``out_dir`` and link them by relative path).
+
+Standard per-seed keys (all optional; use them where they apply, so that summaries, CSVs and
+reports stay comparable across experiments):
+
+=================  ===========================================================================
+``seed``           int, the seed of this member (always present)
+``success``        bool, the experiment's success criterion (Madsen & Johansen 2020 for arithmetic)
+``diverged``       bool, the loss, weights or gradients of this member went NaN/Inf
+``solved_at``      int or None, first evaluated step meeting the success criterion
+``best_step``      int, the step chosen by validation loss (model selection on validation only)
+``interp_error``   float, the paper's normalised error (100 = random init, 0 = perfect), interpolation
+``extrap_error``   float, the same on the extrapolation test
+``interp_mse``     float, raw MSE on interpolation / validation data
+``extrap_mse``     float, raw MSE on the extrapolation test
+``sparsity_error`` float, max_ij min(|W_ij|, |1 - |W_ij||) (Madsen & Johansen)
+``accuracy``       float in [0, 1], where an experiment measures accuracy
+=================  ===========================================================================
+
+This interface is kept stable: later changes only add optional fields with defaults.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+__all__ = [
+    "Config",
+    "Context",
+    "RunOutput",
+    "ConfigResult",
+    "Experiment",
+    "register",
+    "get",
+    "all_experiments",
+    "wilson_interval",
+    "default_summary",
+    "PROFILES",
+]
+
+PROFILES = ("quick", "paper")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration: every seed of it trains together and gives one ``summary.json`` record.
+
+    ``name`` must be unique within the experiment and safe as a directory name (letters, digits,
+    ``-_.=``). ``params`` holds everything else the run needs (model, op, ranges, learning rate...);
+    it must be JSON-serialisable, and it is part of the fingerprint that guards ``--resume``.
+    """
+
+    experiment: str
+    name: str
+    seeds: int
+    steps: int
+    params: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.experiment}/{self.name}"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: Dict[str, Any]) -> "Config":
+        return Config(d["experiment"], d["name"], int(d["seeds"]), int(d["steps"]), dict(d.get("params", {})))
+
+    def fingerprint(self) -> str:
+        """A hash of everything that defines the run (not the device: results are comparable)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@dataclass
+class Context:
+    """What ``run`` gets besides its configuration.
+
+    ``device``: torch device string. ``work_dir``: the configuration's own directory (exists).
+    ``progress``: whether to show a tqdm bar. ``dtype``: ``"float32"`` or ``"float64"``.
+    ``save_checkpoint(obj)`` / ``load_checkpoint()``: mid-run state for ``--resume`` (any object
+    ``torch.save`` accepts; the runner stamps and checks the fingerprint). ``log(msg)``: a line
+    for the user that does not break the progress bar.
+    """
+
+    device: str
+    work_dir: str
+    progress: bool = True
+    dtype: str = "float32"
+    save_checkpoint: Callable[[Any], None] = lambda obj: None
+    load_checkpoint: Callable[[], Optional[Any]] = lambda: None
+    log: Callable[[str], None] = print
+    checkpoint_every_s: float = 60.0
+
+
+@dataclass
+class RunOutput:
+    """What ``run`` returns: one dict per seed, and configuration-level extras (both JSON-able)."""
+
+    records: List[Dict[str, Any]]
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ConfigResult:
+    """A finished configuration as the report sees it."""
+
+    config: Config
+    records: List[Dict[str, Any]]
+    summary: Dict[str, Any]
+    extra: Dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+def _no_arguments(parser: argparse.ArgumentParser) -> None:
+    return None
+
+
+def _default_report(results: Sequence[ConfigResult], out_dir: str) -> str:
+    lines = ["| configuration | seeds | steps | success | diverged |", "|---|---|---|---|---|"]
+    for r in results:
+        s = r.summary
+        succ = s.get("success_rate")
+        succ_txt = "" if succ is None else f"{100 * succ:.0f}% [{100 * s['success_ci'][0]:.0f}, {100 * s['success_ci'][1]:.0f}]"
+        div = s.get("divergence_rate")
+        div_txt = "" if div is None else f"{100 * div:.0f}%"
+        lines.append(f"| {r.config.name} | {r.config.seeds} | {r.config.steps} | {succ_txt} | {div_txt} |")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Experiment:
+    """An experiment plugin.
+
+    * ``name``: the subcommand and the ``experiment`` field of every record.
+    * ``help``: one line for ``nalu-cuda --help``.
+    * ``add_arguments(parser)``: the subcommand's own options (the shared ones are added by the CLI:
+      ``--device --seeds --steps --out --resume --overwrite --no-progress --dtype``). ``--seeds`` and
+      ``--steps`` default to ``None``; ``configs`` picks the experiment's defaults then.
+    * ``configs(args) -> [Config]``: the configurations of one subcommand call. Raise
+      ``ValueError`` with a clear message for bad arguments (the CLI prints it and exits with 2).
+    * ``profile_configs(profile) -> [Config]``: the configurations of ``reproduce --profile``
+      (``"quick"``: a budget that fits a 2-core CPU; ``"paper"``: the published budgets).
+    * ``run(config, ctx) -> RunOutput``.
+    * ``summarize(config, records, extra) -> dict``: the ``summary.json`` record (default
+      :func:`default_summary`).
+    * ``report_section(results, out_dir) -> str``: Markdown for ``report.md`` (a default table).
+    * ``order``: position in ``reproduce`` and in the report (lower first).
+    """
+
+    name: str
+    help: str
+    configs: Callable[[argparse.Namespace], List[Config]]
+    profile_configs: Callable[[str], List[Config]]
+    run: Callable[[Config, Context], RunOutput]
+    add_arguments: Callable[[argparse.ArgumentParser], None] = _no_arguments
+    summarize: Optional[Callable[[Config, List[Dict[str, Any]], Dict[str, Any]], Dict[str, Any]]] = None
+    report_section: Callable[[Sequence[ConfigResult], str], str] = _default_report
+    order: int = 100
+
+    def summary(self, config: Config, records: List[Dict[str, Any]], extra: Dict[str, Any]) -> Dict[str, Any]:
+        if self.summarize is None:
+            return default_summary(config, records)
+        return self.summarize(config, records, extra)
+
+
+_REGISTRY: Dict[str, Experiment] = {}
+
+
+def register(experiment: Experiment) -> Experiment:
+    """Add an experiment (called once at module import). Names must be unique."""
+    if not isinstance(experiment, Experiment):
+        raise TypeError(f"nalu_cuda.experiments.register: expected an Experiment, got {type(experiment).__name__}")
+    old = _REGISTRY.get(experiment.name)
+    if old is not None and old is not experiment and old.run.__module__ != experiment.run.__module__:
+        raise ValueError(f"nalu_cuda.experiments.register: experiment {experiment.name!r} is already registered "
+                         f"by {old.run.__module__}")
+    _REGISTRY[experiment.name] = experiment
+    return experiment
+
+
+def get(name: str) -> Experiment:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown experiment {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def all_experiments() -> List[Experiment]:
+    """Registered experiments in report order."""
+    return sorted(_REGISTRY.values(), key=lambda e: (e.order, e.name))
+
+
+# ------------------------------------------------------------------------------------------------
+# Statistics shared by every summary
+# ------------------------------------------------------------------------------------------------
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple:
+    """The 95% Wilson score interval of a binomial rate (what Madsen & Johansen report)."""
+    if n <= 0:
+        return (float("nan"), float("nan"))
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _finite(values) -> List[float]:
+    out = []
+    for v in values:
+        if v is None:
+            continue
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(f):
+            out.append(f)
+    return out
+
+
+def _median(values) -> Optional[float]:
+    vals = sorted(_finite(values))
+    if not vals:
+        return None
+    n = len(vals)
+    return vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
+
+
+def _mean(values) -> Optional[float]:
+    vals = _finite(values)
+    return sum(vals) / len(vals) if vals else None
+
+
+def default_summary(config: Config, records: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The ``summary.json`` record: identity, parameters, and statistics of the standard keys.
+
+    Rates come with 95% Wilson intervals (``*_ci``); errors with median and mean over seeds
+    (non-finite values, e.g. of diverged seeds, are left out of means and medians and counted by
+    ``divergence_rate`` instead).
+    """
+    n = len(records)
+    out: Dict[str, Any] = {"experiment": config.experiment, "config": config.name, "seeds": config.seeds,
+                           "steps": config.steps}
+    for k, v in config.params.items():
+        out.setdefault(k, v)
+    for key, rate in (("success", "success_rate"), ("diverged", "divergence_rate")):
+        # Once any seed reports the key, a seed without it counts as False (over all n seeds).
+        if n and any(r.get(key) is not None for r in records):
+            k = sum(bool(r.get(key)) for r in records)
+            out[rate] = k / n
+            out[rate.replace("_rate", "_count")] = k
+            out[rate.replace("rate", "ci")] = list(wilson_interval(k, n))
+    if any("solved_at" in r for r in records):
+        solved = [r.get("solved_at") for r in records if r.get("success") and r.get("solved_at") is not None]
+        out["solved_at_median"] = _median(solved)
+    for key in ("interp_error", "extrap_error", "interp_mse", "extrap_mse", "sparsity_error", "accuracy"):
+        if any(key in r for r in records):
+            vals = [r.get(key) for r in records]
+            out[f"{key}_median"] = _median(vals)
+            out[f"{key}_mean"] = _mean(vals)
+    # Madsen & Johansen report the sparsity error over the successful seeds only.
+    sp = _mean(r.get("sparsity_error") for r in records if r.get("success"))
+    if sp is not None:
+        out["sparsity_error_solved_mean"] = sp
+    out["n_records"] = n
+    return out
