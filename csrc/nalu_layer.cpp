@@ -36,10 +36,10 @@ void check_matches(const char* op, const char* name, const at::Tensor& t, const 
 at::Tensor empty_grad(const at::Tensor& like) { return at::empty({0}, like.options()); }
 
 void check_weight_pair(const char* op, const at::Tensor& W_hat, const at::Tensor& M_hat,
-                       const char* w_name, const char* m_name) {
+                       const char* w_name, const char* m_name, bool layer_shape) {
   check_floating(op, w_name, W_hat);
   check_floating(op, m_name, M_hat);
-  TORCH_CHECK(W_hat.dim() == 2 || W_hat.dim() == 3, op, ": argument '", w_name,
+  TORCH_CHECK(!layer_shape || W_hat.dim() == 2 || W_hat.dim() == 3, op, ": argument '", w_name,
               "' must have shape (in, out) or (E, in, out), got ", sizes_str(W_hat.sizes()));
   TORCH_CHECK(M_hat.sizes() == W_hat.sizes(), op, ": argument '", m_name,
               "' must have the shape of '", w_name, "' ", sizes_str(W_hat.sizes()), ", got ",

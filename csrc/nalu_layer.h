@@ -40,9 +40,11 @@ struct LayerParams {
   at::Tensor G;                 // (I, O) / (E, I, O) input gate, (O,) / (E, O) independent gate
 };
 
-// Checks a pair (W_hat, M_hat) of weight tensors: floating, same dtype/device/shape, rank 2 or 3.
+// Checks a pair (W_hat, M_hat) of weight tensors: floating, same dtype/device/shape, and, for a
+// layer (`layer_shape`), rank 2 (in, out) or 3 (E, in, out). The weight-construction ops are
+// elementwise and take any shape.
 void check_weight_pair(const char* op, const at::Tensor& W_hat, const at::Tensor& M_hat,
-                       const char* w_name = "W_hat", const char* m_name = "M_hat");
+                       const char* w_name = "W_hat", const char* m_name = "M_hat", bool layer_shape = true);
 
 // Checks x and every parameter of a layer call and returns the shape. `eps` is checked when the
 // layer has a multiplicative path.

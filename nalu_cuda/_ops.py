@@ -95,10 +95,11 @@ def _check_match(op: str, name: str, t: Tensor, ref_name: str, ref: Tensor) -> N
         _fail(op, f"argument '{name}' must be on the device of '{ref_name}' ({ref.device}), got {t.device}")
 
 
-def _check_pair(op: str, W_hat: Tensor, M_hat: Tensor, w: str = "W_hat", m: str = "M_hat") -> None:
+def _check_pair(op: str, W_hat: Tensor, M_hat: Tensor, w: str = "W_hat", m: str = "M_hat",
+                layer_shape: bool = True) -> None:
     _check_float(op, w, W_hat)
     _check_float(op, m, M_hat)
-    if W_hat.dim() not in (2, 3):
+    if layer_shape and W_hat.dim() not in (2, 3):
         _fail(op, f"argument '{w}' must have shape (in, out) or (E, in, out), got {list(W_hat.shape)}")
     if M_hat.shape != W_hat.shape:
         _fail(op, f"argument '{m}' must have the shape of '{w}' {list(W_hat.shape)}, got {list(M_hat.shape)}")
@@ -159,12 +160,12 @@ def _register_fakes() -> None:
 
     @reg("nalu_cuda::nac_weight")
     def _(W_hat, M_hat):
-        _check_pair("nac_weight", W_hat, M_hat)
+        _check_pair("nac_weight", W_hat, M_hat, layer_shape=False)
         return torch.empty_like(W_hat)
 
     @reg("nalu_cuda::nac_weight_backward")
     def _(grad_W, W_hat, M_hat):
-        _check_pair("nac_weight_backward", W_hat, M_hat)
+        _check_pair("nac_weight_backward", W_hat, M_hat, layer_shape=False)
         return torch.empty_like(W_hat), torch.empty_like(M_hat)
 
     @reg("nalu_cuda::nac_forward")

@@ -78,7 +78,7 @@ Backward backward(const char* op, const LayerKind& kind, const at::Tensor& grad_
 
 at::Tensor nac_weight_cpu(const at::Tensor& W_hat, const at::Tensor& M_hat) {
   const char* op = "nalu_cuda::nac_weight";
-  check_weight_pair(op, W_hat, M_hat);
+  check_weight_pair(op, W_hat, M_hat, "W_hat", "M_hat", /*layer_shape=*/false);
   check_dtype_supported(op, W_hat, "CPU", cpu_dtypes());
   return NALU_CPU_CALL(weight, W_hat, M_hat);
 }
@@ -86,7 +86,7 @@ at::Tensor nac_weight_cpu(const at::Tensor& W_hat, const at::Tensor& M_hat) {
 std::tuple<at::Tensor, at::Tensor> nac_weight_backward_cpu(const at::Tensor& grad_W, const at::Tensor& W_hat,
                                                            const at::Tensor& M_hat) {
   const char* op = "nalu_cuda::nac_weight_backward";
-  check_weight_pair(op, W_hat, M_hat);
+  check_weight_pair(op, W_hat, M_hat, "W_hat", "M_hat", /*layer_shape=*/false);
   check_dtype_supported(op, W_hat, "CPU", cpu_dtypes());
   check_like(op, "grad_W", grad_W, W_hat.sizes(), W_hat);
   return NALU_CPU_CALL(weight_backward, grad_W, W_hat, M_hat);

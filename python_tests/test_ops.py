@@ -1,0 +1,312 @@
+"""The fused ops against the reference (values and every gradient), gradcheck, opcheck."""
+import itertools
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import nalu_cuda
+from nalu_cuda import functional as F
+from nalu_cuda import reference as R
+from nalu_cuda.testing import GRAD_TOLERANCES, TOLERANCES, rand_input, rand_params
+
+from .conftest import DEVICES
+
+ops = torch.ops.nalu_cuda
+
+# (E or None, batch shape, I, O). O <= 16 takes the rowwise path, wider layers the BLAS path.
+SHAPES = [
+    (None, (1,), 1, 1),
+    (None, (7,), 5, 3),
+    (None, (128,), 100, 2),
+    (None, (33,), 17, 16),
+    (None, (33,), 17, 17),
+    (None, (4, 6), 9, 2),
+    (None, (), 6, 3),
+    (None, (300,), 8, 1),
+    (3, (9,), 6, 2),
+    (2, (5,), 4, 20),
+    (4, (2, 3), 5, 2),
+]
+SHAPE_IDS = [f"E{e}-B{'x'.join(map(str, b)) or 'none'}-I{i}-O{o}" for e, b, i, o in SHAPES]
+
+# name -> (reference fn, fused fn, needs G, separate weights, gate)
+UNITS = {
+    "nac": (R.nac, F.nac, False, False, None),
+    "nac_mul": (R.nac_mul, F.nac_mul, False, False, None),
+    "nalu": (R.nalu, F.nalu, True, False, "input"),
+    "nalu_sep": (R.nalu, F.nalu, True, True, "input"),
+    "nalu_indep": (R.nalu, F.nalu, True, False, "independent"),
+    "nalu_sep_indep": (R.nalu, F.nalu, True, True, "independent"),
+}
+
+
+def make_args(unit, E, batch, I, O, dtype, device, scale=0.5):
+    """Positional args (x, W_hat, M_hat[, G, W_hat_m, M_hat_m]) and kwargs for a unit."""
+    _, _, needs_g, sep, gate = UNITS[unit]
+    lead = () if E is None else (E,)
+    x = rand_input(lead + tuple(batch) + (I,), dtype=dtype, device=device)
+    W = rand_params(lead + (I, O), scale=scale, dtype=dtype, device=device)
+    M = rand_params(lead + (I, O), scale=1.0, dtype=dtype, device=device)
+    args = [x, W, M]
+    kwargs = {}
+    if needs_g:
+        gshape = lead + ((I, O) if gate == "input" else (O,))
+        args.append(rand_params(gshape, scale=0.3, dtype=dtype, device=device))
+        if sep:
+            args.append(rand_params(lead + (I, O), scale=scale, dtype=dtype, device=device))
+            args.append(rand_params(lead + (I, O), scale=1.0, dtype=dtype, device=device))
+        kwargs["gate"] = gate
+    return args, kwargs
+
+
+def run_both(unit, args, kwargs):
+    ref_fn, fused_fn = UNITS[unit][:2]
+    a = [t.detach().clone().requires_grad_() for t in args]
+    b = [t.detach().clone().requires_grad_() for t in args]
+    y_ref = ref_fn(*a, **kwargs)
+    y_fused = fused_fn(*b, **kwargs)
+    gy = torch.randn_like(y_ref)
+    (y_ref * gy).sum().backward()
+    (y_fused * gy).sum().backward()
+    return y_ref, y_fused, a, b
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("unit", list(UNITS))
+def test_fused_matches_reference(unit, shape, dtype, device):
+    E, batch, I, O = shape
+    args, kwargs = make_args(unit, E, batch, I, O, dtype, device)
+    y_ref, y_fused, a, b = run_both(unit, args, kwargs)
+    rtol, atol = TOLERANCES[dtype]
+    torch.testing.assert_close(y_fused, y_ref, rtol=rtol, atol=atol)
+    grtol, gatol = GRAD_TOLERANCES[dtype]
+    names = ["x", "W_hat", "M_hat", "G", "W_hat_m", "M_hat_m"]
+    for name, p, q in zip(names, a, b):
+        torch.testing.assert_close(q.grad, p.grad, rtol=grtol, atol=gatol, msg=lambda m: f"grad {name}: {m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(None, (4,), 3, 2), (2, (3,), 3, 18)], ids=["rowwise", "blas-ensemble"])
+@pytest.mark.parametrize("unit", list(UNITS))
+def test_gradcheck(unit, shape, device):
+    E, batch, I, O = shape
+    args, kwargs = make_args(unit, E, batch, I, O, torch.float64, device)
+    args = [t.requires_grad_() for t in args]
+    fused_fn = UNITS[unit][1]
+    assert torch.autograd.gradcheck(lambda *t: fused_fn(*t, **kwargs), tuple(args), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_nac_weight(device):
+    W = rand_params((5, 3), scale=1.5, device=device).requires_grad_()
+    M = rand_params((5, 3), scale=1.5, device=device).requires_grad_()
+    assert torch.autograd.gradcheck(F.nac_weight, (W, M))
+    torch.testing.assert_close(F.nac_weight(W, M), R.nac_weight(W, M))
+
+
+def test_weight_construction_accuracy_float32():
+    # tanh and sigmoid over their whole useful range, against float64.
+    w = torch.linspace(-30, 30, 20001, dtype=torch.float64)
+    m = torch.linspace(30, -30, 20001, dtype=torch.float64)
+    got = F.nac_weight(w.float(), m.float()).double()
+    want = R.nac_weight(w, m)
+    rel = ((got - want).abs() / want.abs().clamp_min(1e-30)).max().item()
+    assert rel < 2e-6, rel
+    # Gradients: 1 - tanh^2 cancels in float32 for |W_hat| > 9, in autograd's formula as in ours,
+    # so hold the fused float32 error to (about) the float32 reference's own error.
+    gw, gm = ops.nac_weight_backward(torch.ones_like(w).float(), w.float(), m.float())
+    grads = {}
+    for dt in (torch.float64, torch.float32):
+        w_, m_ = w.to(dt).detach().requires_grad_(), m.to(dt).detach().requires_grad_()
+        R.nac_weight(w_, m_).sum().backward()
+        grads[dt] = (w_.grad.double(), m_.grad.double())
+    for got, want, ref32 in zip((gw.double(), gm.double()), grads[torch.float64], grads[torch.float32]):
+        err = (got - want).abs()
+        ref_err = (ref32 - want).abs()
+        assert err.max() <= 2 * ref_err.max() + 1e-9, (err.max(), ref_err.max())
+        assert (err <= 1e-6 * want.abs() + 1e-7).all()
+
+
+@pytest.mark.parametrize("isa_env", [None, "base"])
+def test_log_exp_roundtrip_float32_wide_range(isa_env):
+    # W = tanh(20) * sigmoid(20) = 1 - 2e-9, so y = exp(log(|x| + eps)) ~ |x| + eps: the float32
+    # exp and log primitives over 70 decades, including subnormal inputs, and values that overflow.
+    code = (
+        "import torch, nalu_cuda\n"
+        "x = torch.logspace(-40, 38, 4001, dtype=torch.float64)\n"
+        "x = torch.cat([x, -x]).float().reshape(-1, 1)\n"
+        "W = torch.full((1, 1), 20.0); M = torch.full((1, 1), 20.0)\n"
+        "y = nalu_cuda.functional.nac_mul(x, W, M, eps=1e-38).double()\n"
+        "w = (torch.tanh(torch.tensor(20.0, dtype=torch.float64)) * torch.sigmoid(torch.tensor(20.0, dtype=torch.float64)))\n"
+        "want = torch.exp(torch.log(x.double().abs() + 1e-38) * w)\n"
+        "ok = want < 3e38\n"
+        "rel = ((y[ok] - want[ok]).abs() / want[ok]).max().item()\n"
+        "assert rel < 1e-5, rel\n"
+        "assert torch.isinf(y[~ok]).all() or (~ok).sum() == 0\n"
+        "print('ok', rel)\n"
+    )
+    env = dict(os.environ)
+    if isa_env:
+        env["NALU_CUDA_CPU_ISA"] = isa_env
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr + out.stdout
+
+
+def test_baseline_isa_matches_reference():
+    # The kernels compiled for the default target (used on CPUs without AVX2) must agree too.
+    code = (
+        "import torch\n"
+        "from python_tests.test_ops import UNITS, SHAPES, make_args, run_both\n"
+        "for unit in UNITS:\n"
+        "    for shape in [SHAPES[2], SHAPES[4], SHAPES[8]]:\n"
+        "        E, batch, I, O = shape\n"
+        "        args, kw = make_args(unit, E, batch, I, O, torch.float32, 'cpu')\n"
+        "        yr, yf, a, b = run_both(unit, args, kw)\n"
+        "        torch.testing.assert_close(yf, yr, rtol=1e-5, atol=1e-6)\n"
+        "        for p, q in zip(a, b):\n"
+        "            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)\n"
+        "print('ok')\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NALU_CUDA_CPU_ISA="base", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0, out.stderr + out.stdout
+
+
+def _op_samples(device):
+    """(op overload, args) covering every op, both paths, both gates, tied and separate."""
+    samples = []
+    for (E, batch, I, O) in [(None, (5,), 4, 2), (2, (3,), 3, 18)]:
+        lead = () if E is None else (E,)
+        x = rand_input(lead + batch + (I,), device=device)
+        W, M, Wm, Mm, G = (rand_params(lead + (I, O), device=device) for _ in range(5))
+        g_ind = rand_params(lead + (O,), device=device)
+        y_shape = lead + batch + (O,)
+        gy = torch.randn(y_shape, dtype=torch.float64, device=device)
+        samples.append((ops.nac_weight.default, (W, M)))
+        samples.append((ops.nac_weight_backward.default, (torch.randn_like(W), W, M)))
+        samples.append((ops.nac_forward.default, (x, W, M)))
+        for need_x in (True, False):
+            samples.append((ops.nac_backward.default, (gy, x, W, M, need_x)))
+        y, lx = ops.nac_mul_forward(x, W, M, 1e-7)
+        samples.append((ops.nac_mul_forward.default, (x, W, M, 1e-7)))
+        samples.append((ops.nac_mul_backward.default, (gy, x, W, M, y, lx, 1e-7, True)))
+        for wm, mm in [(None, None), (Wm, Mm)]:
+            for gate_arg, input_gate in [(G, True), (g_ind, False)]:
+                args = (x, W, M, wm, mm, gate_arg, 1e-7, input_gate)
+                samples.append((ops.nalu_forward.default, args))
+                y, a, m, g, lx = ops.nalu_forward(*args)
+                samples.append(
+                    (ops.nalu_backward.default, (gy, x, W, M, wm, mm, gate_arg, a, m, g, lx, 1e-7, input_gate, True))
+                )
+    return samples
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for op, args in _op_samples(device):
+        if op in (ops.nac_weight.default, ops.nac_forward.default, ops.nac_mul_forward.default, ops.nalu_forward.default):
+            args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in args)
+        torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_ops_skip_what_is_not_asked(device):
+    x = rand_input((6, 4), device=device)
+    W, M, G = (rand_params((4, 2), device=device) for _ in range(3))
+    y, a, m, g, lx = ops.nalu_forward(x, W, M, None, None, G, 1e-7, True)
+    gx, gw, gm, gwm, gmm, gG = ops.nalu_backward(torch.ones_like(y), x, W, M, None, None, G, a, m, g, lx, 1e-7, True, False)
+    assert gx.shape == (0,) and gwm.shape == (0,) and gmm.shape == (0,)
+    assert gw.shape == W.shape and gG.shape == G.shape
+    # the first layer of a network: x needs no gradient, the parameters do
+    xr = x.clone()
+    Wr = W.clone().requires_grad_()
+    out = F.nalu(xr, Wr, M, G)
+    out.sum().backward()
+    assert xr.grad is None and Wr.grad is not None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("unit", list(UNITS))
+def test_noncontiguous_expanded_and_empty_inputs(unit, device):
+    args, kwargs = make_args(unit, None, (6,), 5, 3, torch.float64, device)
+    ref_fn, fused_fn = UNITS[unit][:2]
+    x = args[0]
+    x_t = x.t().contiguous().t()  # same values, column-major
+    assert not x_t.is_contiguous()
+    x_exp = x[:1].expand(6, 5)  # stride 0 rows
+    x_slice = rand_input((6, 10), device=device)[:, ::2]
+    for xx in (x_t, x_exp, x_slice):
+        torch.testing.assert_close(fused_fn(xx, *args[1:], **kwargs), ref_fn(xx, *args[1:], **kwargs))
+    # empty batch: empty output; weight gradients are zero
+    xe = x[:0].clone().requires_grad_()
+    params = [t.clone().requires_grad_() for t in args[1:]]
+    y = fused_fn(xe, *params, **kwargs)
+    assert y.shape == (0, 3)
+    y.sum().backward()
+    assert xe.grad.shape == (0, 5)
+    for p in params:
+        assert torch.equal(p.grad, torch.zeros_like(p))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_inputs_follow_sign_zero_convention(device):
+    # sign(0) = 0: a zero input gets no gradient through the log path, as in autograd.
+    x = rand_input((5, 4), device=device)
+    x[0, 1] = 0.0
+    x[3, 2] = -0.0
+    args, kwargs = make_args("nac_mul", None, (5,), 4, 2, torch.float64, device)
+    args[0] = x
+    y_ref, y_fused, a, b = run_both("nac_mul", args, kwargs)
+    torch.testing.assert_close(y_fused, y_ref)
+    torch.testing.assert_close(b[0].grad, a[0].grad)
+    assert b[0].grad[0, 1] == 0 and b[0].grad[3, 2] == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("unit", list(UNITS))
+@pytest.mark.parametrize("O", [2, 20], ids=["rowwise", "blas"])
+def test_nan_and_inf_propagate_like_reference(unit, O, device):
+    args, kwargs = make_args(unit, None, (6,), 5, O, torch.float64, device)
+    x = args[0]
+    x[1, 2] = float("nan")
+    x[2, 0] = float("inf")
+    x[4, 4] = float("-inf")
+    y_ref, y_fused, a, b = run_both(unit, args, kwargs)
+    torch.testing.assert_close(y_fused, y_ref, equal_nan=True)
+    torch.testing.assert_close(b[0].grad, a[0].grad, equal_nan=True)
+    for p, q in zip(a[1:], b[1:]):
+        assert torch.isnan(q.grad).any() == torch.isnan(p.grad).any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ensemble_equals_members(device):
+    E, B, I, O = 4, 7, 5, 2
+    args, kwargs = make_args("nalu_sep", E, (B,), I, O, torch.float64, device)
+    y = F.nalu(*args, **kwargs)
+    for e in range(E):
+        y_e = F.nalu(*[t[e] for t in args], **kwargs)
+        torch.testing.assert_close(y[e], y_e, rtol=1e-12, atol=1e-12)
+
+
+def test_autocast_cpu_runs_in_float32():
+    x = rand_input((8, 5), dtype=torch.float32)
+    W, M, G = (rand_params((5, 2), dtype=torch.float32) for _ in range(3))
+    want = F.nalu(x, W, M, G)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = F.nalu(x.bfloat16(), W, M, G)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, F.nalu(x.bfloat16().float(), W, M, G))
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+
+
+def test_all_ops_have_cpu_kernels_and_fakes():
+    for name in ("nac_weight", "nac_weight_backward", "nac_forward", "nac_backward", "nac_mul_forward",
+                 "nac_mul_backward", "nalu_forward", "nalu_backward"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"nalu_cuda::{name}", "CPU"), name
+    assert nalu_cuda.has_extension()
