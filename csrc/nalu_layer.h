@@ -27,6 +27,15 @@ struct LayerKind {
   Gate gate;  // how a and m are blended (kNone: one path only)
 };
 
+// The three units. NALU's weights are tied unless W_hat_m or M_hat_m is given (then both must be).
+constexpr LayerKind kNacAdd{true, false, true, Gate::kNone};
+constexpr LayerKind kNacMul{false, true, true, Gate::kNone};
+inline LayerKind nalu_kind(const c10::optional<at::Tensor>& W_hat_m, const c10::optional<at::Tensor>& M_hat_m,
+                           bool input_gate) {
+  return LayerKind{true, true, !W_hat_m.has_value() && !M_hat_m.has_value(),
+                   input_gate ? Gate::kInput : Gate::kIndependent};
+}
+
 struct LayerShape {
   bool ensemble = false;
   int64_t E = 1, N = 0, I = 0, O = 0;

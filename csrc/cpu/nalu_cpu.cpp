@@ -37,13 +37,6 @@ bool use_avx2() {
 #define NALU_CPU_CALL(fn, ...) base::fn(__VA_ARGS__)
 #endif
 
-constexpr LayerKind kNacAdd{true, false, true, Gate::kNone};
-constexpr LayerKind kNacMul{false, true, true, Gate::kNone};
-
-LayerKind nalu_kind(const c10::optional<at::Tensor>& W_hat_m, bool input_gate) {
-  return LayerKind{true, true, !W_hat_m.has_value(), input_gate ? Gate::kInput : Gate::kIndependent};
-}
-
 LayerParams params(const at::Tensor& W_hat, const at::Tensor& M_hat,
                    const c10::optional<at::Tensor>& W_hat_m = c10::nullopt,
                    const c10::optional<at::Tensor>& M_hat_m = c10::nullopt, const at::Tensor& G = at::Tensor()) {
@@ -125,7 +118,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> nac_mul_backward_cpu(const at::Te
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> nalu_forward_cpu(
     const at::Tensor& x, const at::Tensor& W_hat, const at::Tensor& M_hat, const c10::optional<at::Tensor>& W_hat_m,
     const c10::optional<at::Tensor>& M_hat_m, const at::Tensor& G, double eps, bool input_gate) {
-  Forward f = forward("nalu_cuda::nalu_forward", nalu_kind(W_hat_m, input_gate), x,
+  Forward f = forward("nalu_cuda::nalu_forward", nalu_kind(W_hat_m, M_hat_m, input_gate), x,
                       params(W_hat, M_hat, W_hat_m, M_hat_m, G), eps);
   return {f.y, f.a, f.m, f.g, f.lx};
 }
@@ -136,7 +129,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& a, const at::Tensor& m, const at::Tensor& g, const at::Tensor& lx, double eps,
     bool input_gate, bool compute_grad_x) {
   Forward saved{at::Tensor(), a, m, g, lx};
-  Backward r = backward("nalu_cuda::nalu_backward", nalu_kind(W_hat_m, input_gate), grad_y, x,
+  Backward r = backward("nalu_cuda::nalu_backward", nalu_kind(W_hat_m, M_hat_m, input_gate), grad_y, x,
                         params(W_hat, M_hat, W_hat_m, M_hat_m, G), saved, eps, compute_grad_x);
   return {r.grad_x, r.grad_W_hat, r.grad_M_hat, r.grad_W_hat_m, r.grad_M_hat_m, r.grad_G};
 }

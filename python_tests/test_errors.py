@@ -1,0 +1,111 @@
+"""Bad input gets a clear error naming the op, the argument, what was expected and what came."""
+import pytest
+import torch
+
+import nalu_cuda
+from nalu_cuda import functional as F
+from nalu_cuda.testing import rand_input, rand_params
+
+ops = torch.ops.nalu_cuda
+
+
+def p(*shape, dtype=torch.float32):
+    return rand_params(shape, dtype=dtype)
+
+
+def x_(*shape, dtype=torch.float32):
+    return rand_input(shape, dtype=dtype)
+
+
+CASES = [
+    # (callable, expected message regex)
+    (lambda: F.nac(x_(4, 3), p(3), p(3)),
+     r"nalu_cuda::nac_forward: argument 'W_hat' must have shape \(in, out\) or \(E, in, out\), got \[3\]"),
+    (lambda: F.nac(x_(4, 3), p(2, 3, 4, 5), p(2, 3, 4, 5)),
+     r"nalu_cuda::nac_forward: argument 'W_hat' must have shape \(in, out\) or \(E, in, out\), got \[2, 3, 4, 5\]"),
+    (lambda: F.nac(x_(4, 5), p(3, 2), p(3, 2)),
+     r"nalu_cuda::nac_forward: argument 'x' must have shape \(\.\.\., in\) = \(\.\.\., 3\) to match 'W_hat' \[3, 2\], got \[4, 5\]"),
+    (lambda: F.nac(x_(4, 3), p(3, 2), p(3, 1)),
+     r"nalu_cuda::nac_forward: argument 'M_hat' must have the shape of 'W_hat' \[3, 2\], got \[3, 1\]"),
+    (lambda: F.nac_mul(x_(5, 4, 3), p(4, 3, 2), p(4, 3, 2)),
+     r"nalu_cuda::nac_mul_forward: argument 'x' must have shape \(E, \.\.\., in\) = \(4, \.\.\., 3\) to match ensemble weights 'W_hat' \[4, 3, 2\], got \[5, 4, 3\]"),
+    (lambda: F.nac_mul(x_(3), p(4, 3, 2), p(4, 3, 2)),
+     r"nalu_cuda::nac_mul_forward: argument 'x' must have shape \(E, \.\.\., in\)"),
+    (lambda: F.nac(torch.ones(4, 3, dtype=torch.int64), p(3, 2), p(3, 2)),
+     r"nalu_cuda::nac_forward: argument 'x' must be a floating-point tensor, got dtype Long"),
+    (lambda: F.nac(x_(4, 3), p(3, 2, dtype=torch.float64), p(3, 2, dtype=torch.float64)),
+     r"nalu_cuda::nac_forward: argument 'W_hat' must have the dtype of 'x' \(Float\), got Double"),
+    (lambda: F.nac(x_(4, 3), p(3, 2), p(3, 2, dtype=torch.float64)),
+     r"nalu_cuda::nac_forward: argument 'M_hat' must have the dtype of 'W_hat' \(Float\), got Double"),
+    (lambda: F.nac(x_(4, 3, dtype=torch.float16), p(3, 2, dtype=torch.float16), p(3, 2, dtype=torch.float16)),
+     r"nalu_cuda::nac_forward: the CPU kernel supports dtypes Float, Double, got Half"),
+    (lambda: F.nac_mul(x_(4, 3), p(3, 2), p(3, 2), eps=0.0),
+     r"nalu_cuda::nac_mul_forward: argument 'eps' must be a positive finite number, got 0"),
+    (lambda: F.nalu(x_(4, 3), p(3, 2), p(3, 2), p(3, 2), eps=-1.0),
+     r"nalu_cuda::nalu_forward: argument 'eps' must be a positive finite number, got -1"),
+    (lambda: F.nalu(x_(4, 3), p(3, 2), p(3, 2), p(3, 2), eps=float("nan")),
+     r"nalu_cuda::nalu_forward: argument 'eps' must be a positive finite number, got nan"),
+    (lambda: F.nalu(x_(4, 3), p(3, 2), p(3, 2), p(3, 3)),
+     r"nalu_cuda::nalu_forward: argument 'G' of an input-dependent gate must have the shape of 'W_hat' \[3, 2\], got \[3, 3\]"),
+    (lambda: F.nalu(x_(4, 3), p(3, 2), p(3, 2), p(3, 2), gate="independent"),
+     r"nalu_cuda::nalu_forward: argument 'G' of an input-independent gate must have shape \(out,\) = \[2\], got \[3, 2\]"),
+    (lambda: F.nalu(x_(5, 4, 3), p(5, 3, 2), p(5, 3, 2), p(2), gate="independent"),
+     r"nalu_cuda::nalu_forward: argument 'G' of an input-independent gate must have shape \(E, out\) = \[5, 2\], got \[2\]"),
+    (lambda: F.nalu(x_(4, 3), p(3, 2), p(3, 2), p(3, 2), None, p(3, 2)),
+     r"nalu_cuda::nalu_forward: separate multiplicative weights need both 'W_hat_m' and 'M_hat_m', got only 'M_hat_m'"),
+    (lambda: nalu_cuda.reference.nalu(x_(4, 3), p(3, 2), p(3, 2), p(3, 2), p(3, 2), None),
+     r"nalu_cuda.reference.nalu: give both 'W_hat_m' and 'M_hat_m'"),
+    (lambda: ops.nalu_forward(x_(4, 3), p(3, 2), p(3, 2), p(3, 2), None, p(3, 2), 1e-7, True),
+     r"nalu_cuda::nalu_forward: separate multiplicative weights need both 'W_hat_m' and 'M_hat_m', got only 'W_hat_m'"),
+    (lambda: F.nalu(x_(4, 3), p(3, 2), p(3, 2), p(3, 2), p(3, 1), p(3, 1)),
+     r"nalu_cuda::nalu_forward: argument 'W_hat_m' must have the shape of 'W_hat' \[3, 2\], got \[3, 1\]"),
+    (lambda: F.nalu(x_(4, 3), p(3, 2), p(3, 2), p(3, 2), gate="sigmoid"),
+     r"nalu_cuda.functional.nalu: argument 'gate' must be one of \('input', 'independent'\), got 'sigmoid'"),
+    (lambda: F.nac_weight(p(3, 2), p(2, 3)),
+     r"nalu_cuda::nac_weight: argument 'M_hat' must have the shape of 'W_hat' \[3, 2\], got \[2, 3\]"),
+    (lambda: ops.nac_backward(torch.ones(4, 3), x_(4, 3), p(3, 2), p(3, 2), True),
+     r"nalu_cuda::nac_backward: argument 'grad_y' must have shape \[4, 2\], got \[4, 3\]"),
+    (lambda: ops.nac_mul_backward(torch.ones(4, 2), x_(4, 3), p(3, 2), p(3, 2), torch.ones(4, 2), torch.ones(4, 2), 1e-7, True),
+     r"nalu_cuda::nac_mul_backward: argument 'lx' must have shape \[4, 3\], got \[4, 2\]"),
+    (lambda: ops.nac_weight_backward(torch.ones(3, 3), p(3, 2), p(3, 2)),
+     r"nalu_cuda::nac_weight_backward: argument 'grad_W' must have shape \[3, 2\], got \[3, 3\]"),
+]
+
+
+@pytest.mark.parametrize("fn,pattern", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_op_errors(fn, pattern):
+    with pytest.raises((RuntimeError, ValueError), match=pattern):
+        fn()
+
+
+MODULE_CASES = [
+    (lambda: nalu_cuda.NALU(3, 2, gate="sigmoid"), r"nalu_cuda.NALU: argument 'gate' must be one of \('input', 'independent'\), got 'sigmoid'"),
+    (lambda: nalu_cuda.NAC(3, 2, backend="cuda"), r"nalu_cuda.NAC: argument 'backend' must be one of \('auto', 'fused', 'reference'\), got 'cuda'"),
+    (lambda: nalu_cuda.NACMul(3, 2, eps=0), r"nalu_cuda.NACMul: argument 'eps' must be a positive finite number, got 0"),
+    (lambda: nalu_cuda.NALU(0, 2), r"nalu_cuda.NALU: argument 'in_features' must be a positive int, got 0"),
+    (lambda: nalu_cuda.NAC(3, 2.5), r"nalu_cuda.NAC: argument 'out_features' must be a positive int, got 2.5"),
+    (lambda: nalu_cuda.NAC(3, 2, ensemble=0), r"nalu_cuda.NAC: argument 'ensemble' must be a positive int, got 0"),
+    (lambda: nalu_cuda.NALU(3, 2, tied="yes"), r"nalu_cuda.NALU: argument 'tied' must be a bool, got 'yes'"),
+    (lambda: nalu_cuda.NALU(3, 2)(x_(4, 5)), r"nalu_cuda::nalu_forward: argument 'x' must have shape \(\.\.\., in\) = \(\.\.\., 3\)"),
+    (lambda: nalu_cuda.NALU(3, 2, ensemble=4)(x_(3, 5, 3)), r"to match ensemble weights 'W_hat' \[4, 3, 2\], got \[3, 5, 3\]"),
+]
+
+
+@pytest.mark.parametrize("fn,pattern", MODULE_CASES, ids=[str(i) for i in range(len(MODULE_CASES))])
+def test_module_errors(fn, pattern):
+    with pytest.raises((RuntimeError, ValueError), match=pattern):
+        fn()
+
+
+def test_fake_kernels_give_the_same_errors():
+    # torch.compile runs the Python fakes first: they must reject bad input the same way.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        with pytest.raises(RuntimeError, match=r"nalu_cuda::nac_forward: argument 'x' must have shape \(\.\.\., in\) = \(\.\.\., 3\)"):
+            ops.nac_forward(torch.empty(4, 5), torch.empty(3, 2), torch.empty(3, 2))
+        with pytest.raises(RuntimeError, match=r"nalu_cuda::nalu_forward: argument 'eps' must be a positive finite number"):
+            ops.nalu_forward(torch.empty(4, 3), torch.empty(3, 2), torch.empty(3, 2), None, None, torch.empty(3, 2), 0.0, True)
+        y, a, m, g, lx = ops.nalu_forward(torch.empty(7, 4, 3), torch.empty(7, 3, 2), torch.empty(7, 3, 2), None, None,
+                                          torch.empty(7, 2), 1e-7, False)
+        assert y.shape == (7, 4, 2) and g.shape == (7, 2) and lx.shape == (7, 4, 3)
