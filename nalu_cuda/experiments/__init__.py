@@ -23,6 +23,9 @@ from .registry import (  # noqa: F401
 )
 
 EXPERIMENT_MODULES = [
+    "identity",
+    "static",
+    "recurrent",
 ]
 
 

@@ -6,7 +6,7 @@ adding a module name there is all it takes to get:
 
 * a subcommand ``nalu-cuda <name> ...`` (arguments from ``add_arguments``, configurations from
   ``configs``), with the shared options ``--device --seeds --steps --out --resume --overwrite
-  --no-progress``;
+  --no-progress --threads``;
 * a part of ``nalu-cuda reproduce --profile quick|paper`` (configurations from ``profile_configs``);
 * one record per configuration in ``summary.json``, one row per seed in
   ``per_seed_<experiment>.csv``, a section of ``report.md``, checkpoints and ``--resume``.
@@ -136,13 +136,18 @@ class RunOutput:
 
 @dataclass
 class ConfigResult:
-    """A finished configuration as the report sees it."""
+    """A finished configuration as the report sees it.
+
+    ``summaries``: every ``summary.json`` record of the configuration (one, or one per packed
+    sub-configuration, e.g. per operation); ``summary`` is the first of them.
+    """
 
     config: Config
     records: List[Dict[str, Any]]
     summary: Dict[str, Any]
     extra: Dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    summaries: List[Dict[str, Any]] = field(default_factory=list)
 
 
 def _no_arguments(parser: argparse.ArgumentParser) -> None:
@@ -168,15 +173,16 @@ class Experiment:
     * ``name``: the subcommand and the ``experiment`` field of every record.
     * ``help``: one line for ``nalu-cuda --help``.
     * ``add_arguments(parser)``: the subcommand's own options (the shared ones are added by the CLI:
-      ``--device --seeds --steps --out --resume --overwrite --no-progress --dtype``). ``--seeds`` and
+      ``--device --seeds --steps --out --resume --overwrite --no-progress --threads``). ``--seeds`` and
       ``--steps`` default to ``None``; ``configs`` picks the experiment's defaults then.
     * ``configs(args) -> [Config]``: the configurations of one subcommand call. Raise
       ``ValueError`` with a clear message for bad arguments (the CLI prints it and exits with 2).
     * ``profile_configs(profile) -> [Config]``: the configurations of ``reproduce --profile``
       (``"quick"``: a budget that fits a 2-core CPU; ``"paper"``: the published budgets).
     * ``run(config, ctx) -> RunOutput``.
-    * ``summarize(config, records, extra) -> dict``: the ``summary.json`` record (default
-      :func:`default_summary`).
+    * ``summarize(config, records, extra) -> dict | [dict]``: the ``summary.json`` record (default
+      :func:`default_summary`); a list when one configuration packs several (e.g. several
+      operations trained as one ensemble: one record per operation).
     * ``report_section(results, out_dir) -> str``: Markdown for ``report.md`` (a default table).
     * ``order``: position in ``reproduce`` and in the report (lower first).
     """
@@ -191,7 +197,7 @@ class Experiment:
     report_section: Callable[[Sequence[ConfigResult], str], str] = _default_report
     order: int = 100
 
-    def summary(self, config: Config, records: List[Dict[str, Any]], extra: Dict[str, Any]) -> Dict[str, Any]:
+    def summary(self, config: Config, records: List[Dict[str, Any]], extra: Dict[str, Any]):
         if self.summarize is None:
             return default_summary(config, records)
         return self.summarize(config, records, extra)
@@ -237,7 +243,7 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    return (max(0.0, round(centre - half, 12)), min(1.0, round(centre + half, 12)))
 
 
 def _finite(values) -> List[float]:

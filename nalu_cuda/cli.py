@@ -1,0 +1,172 @@
+"""The ``nalu-cuda`` command (also ``python -m nalu_cuda``).
+
+One subcommand per registered experiment (:mod:`nalu_cuda.experiments`), plus ``reproduce``
+(every experiment's profile) and ``list``. Examples::
+
+    nalu-cuda static --model nac --op add sub --interp 1 2 --extrap 2 6 --seeds 16 --steps 50000 --out runs/nac
+    nalu-cuda identity --seeds 8 --steps 3000 --out runs/identity
+    nalu-cuda recurrent --model nac lstm --op add --out runs/rec
+    nalu-cuda reproduce --profile quick --out runs/quick
+    nalu-cuda reproduce --profile quick --out runs/quick --resume     # after an interruption
+
+Exit codes: 0 success; 2 bad arguments, or result/checkpoint files that cannot be used as asked
+(the message says what to do); 130 interrupted (finished configurations are kept: ``--resume``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from dataclasses import replace
+from typing import List, Optional, Sequence
+
+__all__ = ["main", "build_parser"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _device(text: str) -> str:
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"unknown device {text!r} (try 'cpu' or 'cuda')") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError("--device cuda: no CUDA device is available to this torch")
+    return str(dev)
+
+
+def _add_common(p: argparse.ArgumentParser, *, defaults_note: str = "the experiment's default") -> None:
+    g = p.add_argument_group("run options")
+    g.add_argument("--device", type=_device, default="cpu", help="torch device: cpu (default) or cuda[:N]")
+    g.add_argument("--seeds", type=_positive_int, default=None, help=f"seeds per configuration ({defaults_note})")
+    g.add_argument("--steps", type=_positive_int, default=None, help=f"training steps ({defaults_note})")
+    g.add_argument("--out", default=None, metavar="DIR",
+                   help="output directory: summary.json, per-seed CSVs, report.md, plots, checkpoints "
+                        "(default: nalu-results/<command>)")
+    g.add_argument("--resume", action="store_true",
+                   help="keep finished configurations in DIR and continue interrupted ones from their checkpoints")
+    g.add_argument("--overwrite", action="store_true", help="discard earlier results and checkpoints in DIR")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument("--threads", type=_positive_int, default=None,
+                   help="torch CPU threads (default: 1; tiny models gain nothing from more)")
+    g.add_argument("--checkpoint-every", type=float, default=60.0, metavar="SECONDS",
+                   help="seconds between mid-run checkpoints (default: 60)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .experiments import all_experiments
+
+    parser = argparse.ArgumentParser(
+        prog="nalu-cuda",
+        description="Reproduce the experiments of 'Neural Arithmetic Logic Units' (Trask et al. 2018) with "
+                    "many seeds trained at once, scored by the paper's metric and Madsen & Johansen's "
+                    "success criterion.",
+        epilog="Run `nalu-cuda <command> -h` for the options of a command.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"nalu_cuda {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for exp in all_experiments():
+        p = sub.add_parser(exp.name, help=exp.help, description=exp.help)
+        exp.add_arguments(p)
+        _add_common(p)
+        p.set_defaults(_experiment=exp.name)
+    r = sub.add_parser("reproduce", help="run every experiment's profile and write one report",
+                       description="Run the configurations of every registered experiment at a profile: 'quick' "
+                                   "(about 15 minutes for the arithmetic experiments on 2 CPU cores) or 'paper' "
+                                   "(the published budgets; days on a CPU, meant for a GPU).")
+    r.add_argument("--profile", choices=("quick", "paper"), default="quick", help="budget (default: quick)")
+    r.add_argument("--only", nargs="+", metavar="EXPERIMENT", default=None,
+                   help=f"run only these experiments ({', '.join(e.name for e in all_experiments())})")
+    _add_common(r, defaults_note="override every configuration's value")
+    r.set_defaults(_experiment=None)
+    ls = sub.add_parser("list", help="list the experiments and the configurations of a profile")
+    ls.add_argument("--profile", choices=("quick", "paper"), default="quick")
+    ls.set_defaults(_experiment="__list__")
+    return parser
+
+
+def _configs(args: argparse.Namespace):
+    from .experiments import all_experiments, get
+
+    if args._experiment is None:  # reproduce
+        names = [e.name for e in all_experiments()]
+        if args.only:
+            unknown = [n for n in args.only if n not in names]
+            if unknown:
+                raise ValueError(f"--only: unknown experiment(s) {unknown}; known: {', '.join(names)}")
+            names = [n for n in names if n in args.only]
+        cfgs = []
+        for n in names:
+            for c in get(n).profile_configs(args.profile):
+                if args.seeds is not None:
+                    c = replace(c, seeds=args.seeds)
+                if args.steps is not None:
+                    c = replace(c, steps=args.steps)
+                cfgs.append(c)
+        return cfgs
+    return get(args._experiment).configs(args)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args._experiment == "__list__":
+        from .experiments import all_experiments
+
+        for exp in all_experiments():
+            cfgs = exp.profile_configs(args.profile)
+            print(f"{exp.name}: {exp.help}")
+            for c in cfgs:
+                print(f"    {c.name}: {c.seeds} seeds x {c.steps} steps")
+        return 0
+    from .experiments.runner import RunError, run_configs
+
+    try:
+        configs = _configs(args)
+    except ValueError as exc:
+        parser.exit(2, f"nalu-cuda: error: {exc}\n")
+    if not configs:
+        parser.exit(2, "nalu-cuda: error: no configurations to run\n")
+    if args.resume and args.overwrite:
+        parser.exit(2, "nalu-cuda: error: --resume and --overwrite contradict each other\n")
+    import torch
+
+    torch.set_num_threads(args.threads or 1)
+    out = args.out or os.path.join("nalu-results", args.command)
+    meta = {"command": "nalu-cuda " + " ".join(shlex.quote(a) for a in argv), "device": args.device}
+    if args.command == "reproduce":
+        meta["profile"] = args.profile
+    t0 = time.perf_counter()
+    try:
+        run_configs(configs, out, device=args.device, resume=args.resume, overwrite=args.overwrite,
+                    progress=not args.no_progress, meta=meta, checkpoint_every_s=args.checkpoint_every)
+    except RunError as exc:
+        parser.exit(2, f"nalu-cuda: error: {exc}\n")
+    except ValueError as exc:
+        parser.exit(2, f"nalu-cuda: error: {exc}\n")
+    except KeyboardInterrupt:
+        print(f"\nnalu-cuda: interrupted; finished configurations are kept in {out}; continue with the same "
+              "command plus --resume", file=sys.stderr)
+        return 130
+    print(f"nalu-cuda: done in {time.perf_counter() - t0:.0f} s; report: {os.path.join(out, 'report.md')}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

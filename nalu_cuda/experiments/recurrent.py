@@ -1,0 +1,350 @@
+"""Recurrent arithmetic (Trask et al. 2018, Table 1, bottom).
+
+The static task summed over time: ``x_1..x_T`` in R^10, ``a`` and ``b`` the sums of two
+overlapping subsets of every ``x_t`` over all steps, target ``op(a, b)``. Training and
+interpolation at length 10, extrapolation at length 1000 (same input range, far larger sums).
+
+Models (:class:`~nalu_cuda.experiments.ensemble.RecurrentNet`): a recurrent NAC/NALU cell over
+``concat(x_t, h_{t-1})`` (hidden size 2, learned initial state) with a second NAC/NALU on the final
+state, "two stacked" units as in the paper; LSTM and GRU baselines with a linear read-out.
+
+Success uses the same idea as Madsen & Johansen's static criterion: the extrapolation MSE at the
+best-validation step is below that of an epsilon-perfect recurrent accumulator
+(:func:`~nalu_cuda.experiments.arithmetic.recurrent_mse_threshold`; no published threshold exists
+for this task, so there is nothing to compare it with).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import arithmetic as ar
+from .ensemble import RECURRENT_MODELS, build_recurrent_model, check_model, member_generators, sparsity_error
+from .registry import Config, ConfigResult, Context, Experiment, RunOutput, default_summary, register
+from .training import EvalSet, evaluate_mse, train_ensemble
+
+__all__ = ["EXPERIMENT", "recurrent_config", "run_recurrent"]
+
+DEFAULTS: Dict[str, Any] = dict(
+    interp=[[1.0, 2.0]], extrap=[[1.0, 2.0]], input_size=10, subset_ratio=0.25, overlap_ratio=0.5, hidden=2,
+    rnn_hidden=16, train_length=10, extrap_length=1000, lr=1e-3, batch=128, eval_every=1000, n_valid=2000,
+    n_test=2000, n_extrap=1000, baseline_models=50, seed_offset=0, data_seed=0, backend="auto", eps=1e-7,
+    threshold_samples=5000, clip=None, curve_lengths=[10, 30, 100, 300, 1000],
+)
+
+
+def _range(r) -> ar.Range:
+    flat = [v for pair in r for v in pair]
+    return ar.parse_range(flat, "range")
+
+
+def recurrent_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, name: Optional[str] = None,
+                     **params) -> Config:
+    model = check_model(model, RECURRENT_MODELS)
+    ops = [ar.canonical_op(o) for o in ops]
+    if len(set(ops)) != len(ops):
+        raise ValueError(f"operations repeat: {ops}")
+    unknown = set(params) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown recurrent parameters {sorted(unknown)}")
+    if seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {seeds}")
+    if steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {steps}")
+    p = dict(DEFAULTS)
+    p.update({k: v for k, v in params.items() if v is not None})
+    interp = _range(p["interp"]) if not isinstance(p["interp"], ar.Range) else p["interp"]
+    extrap = _range(p["extrap"]) if not isinstance(p["extrap"], ar.Range) else p["extrap"]
+    if p["extrap_length"] <= p["train_length"] and interp.contains(extrap):
+        raise ValueError(f"extrapolation (range {extrap}, length {p['extrap_length']}) lies inside training "
+                         f"(range {interp}, length {p['train_length']}): make the sequences longer or the range wider")
+    if "root" in ops and interp.lo < 0:
+        raise ValueError("sqrt(a) needs a >= 0: the training range must be non-negative for op 'root'")
+    for k in ("batch", "eval_every", "n_valid", "n_test", "n_extrap", "train_length", "extrap_length", "hidden",
+              "rnn_hidden", "baseline_models"):
+        if int(p[k]) < 1:
+            raise ValueError(f"{k} must be at least 1, got {p[k]}")
+    ar.subset_sizes(p["input_size"], p["subset_ratio"], p["overlap_ratio"])
+    p["interp"], p["extrap"] = interp.to_list(), extrap.to_list()
+    p["model"], p["ops"] = model, ops
+    if name is None:
+        name = f"{model}-{'+'.join(ops) if len(ops) < 6 else 'allops'}-T{p['train_length']}-to-T{p['extrap_length']}"
+    return Config("recurrent", name, int(seeds), int(steps), p)
+
+
+def _targets(x: torch.Tensor, masks: torch.Tensor, ops: Sequence[str]) -> torch.Tensor:
+    """``x`` ``(S, B, T, I)`` -> targets ``(len(ops) * S, B, 1)`` (float64 sums)."""
+    ab = torch.bmm(x.double().sum(-2), masks.double())
+    return torch.cat([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 0).unsqueeze(-1).float()
+
+
+def _shared_targets(x: torch.Tensor, masks: torch.Tensor, ops: Sequence[str]) -> torch.Tensor:
+    """``x`` ``(N, T, I)`` shared by all seeds -> ``(len(ops) * S, N, 1)``."""
+    sums = x.double().sum(-2)  # (N, I)
+    ab = torch.einsum("ni,sij->snj", sums, masks.double())
+    return torch.cat([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 0).unsqueeze(-1).float()
+
+
+def run_recurrent(cfg: Config, ctx: Context) -> RunOutput:
+    p = cfg.params
+    torch.manual_seed(0)
+    ops = p["ops"]
+    S = cfg.seeds
+    seeds = [p["seed_offset"] + s for s in range(S)]
+    E = len(ops) * S
+    member_seeds = [s for _ in ops for s in seeds]
+    I, T, L = p["input_size"], p["train_length"], p["extrap_length"]
+    interp, extrap = _range(p["interp"]), _range(p["extrap"])
+    dev = torch.device(ctx.device)
+    masks = torch.stack([ar.subset_layout(s, I, p["subset_ratio"], p["overlap_ratio"]).mask() for s in seeds])
+    hidden = p["rnn_hidden"] if p["model"] in ("lstm", "gru") else p["hidden"]
+    model = build_recurrent_model(p["model"], I, hidden, ensemble=E, backend=p["backend"], eps=p["eps"])
+    model.reset_parameters(member_generators(member_seeds))
+    model.to(dev)
+    stream = ar.UniformStream(seeds, (p["batch"], T, I), interp, chunk=8)
+    masks_d = masks.to(dev)
+
+    def batch_fn(step: int):
+        x = stream.next().to(dev)
+        t = _targets(x, masks_d, ops)
+        return (x if len(ops) == 1 else x.repeat(len(ops), 1, 1, 1)), t
+
+    def fixed(name: str, rng_range: ar.Range, n: int, length: int) -> EvalSet:
+        rng = np.random.default_rng(ar.seed_for(p["data_seed"], f"rec-{name}"))
+        x = torch.from_numpy(rng_range.sample(rng, (n, length, I))).float()
+        return EvalSet(name, x.to(dev), _shared_targets(x, masks, ops).to(dev), batch=512, shared=True)
+
+    val = fixed("valid", interp, p["n_valid"], T)
+    test_i = fixed("interp-test", interp, p["n_test"], T)
+    test_x = fixed("extrap-test", extrap, p["n_extrap"], L)
+    thresholds = {op: ar.recurrent_mse_threshold(op, extrap, L, I, p["subset_ratio"], p["overlap_ratio"],
+                                                 samples=p["threshold_samples"]) for op in ops}
+    thr = torch.tensor([thresholds[op] for op in ops for _ in seeds], dtype=torch.float64)
+    res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p["lr"], eval_every=p["eval_every"],
+                         threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"recurrent {cfg.name}", clip=p["clip"],
+                         stream_state=(stream.state_dict, stream.load_state_dict))
+    model.load_state_dict(res.best_state)
+    interp_mse = evaluate_mse(model, test_i, E)
+    extrap_mse = evaluate_mse(model, test_x, E)
+    sparsity = sparsity_error(model, E)
+    base = _baseline(p, ops, test_i, test_x, dev)
+    curve = _length_curve(model, p, ops, masks, interp, S, dev, res.diverged)
+    records = []
+    for k in range(E):
+        op = ops[k // S]
+        im, xm = float(interp_mse[k]), float(extrap_mse[k])
+        records.append({
+            "seed": member_seeds[k], "model": p["model"], "op": op, "success": bool(math.isfinite(xm) and xm < thresholds[op]),
+            "diverged": bool(res.diverged[k]),
+            "solved_at": int(res.solved_at[k]) if int(res.solved_at[k]) >= 0 else None,
+            "best_step": int(res.best_step[k]), "valid_mse": float(res.best_val[k]),
+            "interp_mse": im, "extrap_mse": xm,
+            "interp_error": _norm(im, base[op][0]), "extrap_error": _norm(xm, base[op][1]),
+            "sparsity_error": None if sparsity is None else float(sparsity[k]),
+            "threshold": thresholds[op], "final_train_loss": float(res.final_loss[k]),
+        })
+    extra = {"thresholds": thresholds, "baseline_mse": {op: {"interp": base[op][0], "extrap": base[op][1]} for op in ops},
+             "length_curve": curve, "train_wall_s": res.wall_s}
+    return RunOutput(records, extra)
+
+
+def _norm(mse: float, base: float) -> Optional[float]:
+    if not (math.isfinite(mse) and base and math.isfinite(base) and base > 0):
+        return None
+    return 100.0 * mse / base
+
+
+BASELINE_ROWS = 200
+
+
+@torch.no_grad()
+def _baseline(p, ops, test_i: EvalSet, test_x: EvalSet, dev) -> Dict[str, tuple]:
+    """Mean MSE of randomly initialised models (own layouts), per operation: the paper's 100."""
+    R = int(p["baseline_models"])
+    bseeds = [10_000_000 + r for r in range(R)]
+    I = p["input_size"]
+    hidden = p["rnn_hidden"] if p["model"] in ("lstm", "gru") else p["hidden"]
+    model = build_recurrent_model(p["model"], I, hidden, ensemble=R, backend=p["backend"], eps=p["eps"])
+    model.reset_parameters(member_generators(bseeds))
+    model.to(dev).eval()
+    masks = torch.stack([ar.subset_layout(s, I, p["subset_ratio"], p["overlap_ratio"]).mask() for s in bseeds])
+    out = {op: [] for op in ops}
+    for ev in (test_i, test_x):
+        # The mean of random models is stable on a few hundred samples; long sequences are costly.
+        x = ev.x[:BASELINE_ROWS]
+        ys = torch.cat([model(x[s:s + 500]).double().cpu() for s in range(0, x.shape[0], 500)], 1)
+        t = _shared_targets(x.cpu(), masks, ops).double()
+        for j, op in enumerate(ops):
+            mse = ((ys - t[j * R:(j + 1) * R]) ** 2).mean(dim=(1, 2))
+            mse = mse[torch.isfinite(mse)]
+            out[op].append(float(mse.mean()) if mse.numel() else math.nan)
+    return {op: tuple(v) for op, v in out.items()}
+
+
+@torch.no_grad()
+def _length_curve(model, p, ops, masks, interp, S, dev, diverged, n: int = 500) -> Dict[str, Any]:
+    E = len(ops) * S
+    lengths = [int(v) for v in p["curve_lengths"]]
+    med: Dict[str, List[Optional[float]]] = {op: [] for op in ops}
+    for length in lengths:
+        rng = np.random.default_rng(ar.seed_for(p["data_seed"], f"rec-curve-{length}"))
+        x = torch.from_numpy(interp.sample(rng, (n, length, p["input_size"]))).float()
+        mse = evaluate_mse(model, EvalSet("curve", x.to(dev), _shared_targets(x, masks, ops).to(dev), batch=500,
+                                          shared=True), E)
+        for j, op in enumerate(ops):
+            m = mse[j * S:(j + 1) * S][~diverged[j * S:(j + 1) * S]]
+            m = m[torch.isfinite(m)]
+            med[op].append(float(m.median()) if m.numel() else None)
+    return {"lengths": lengths, "median_mse": med}
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", nargs="+", default=["nac"], metavar="MODEL",
+                        help=f"one or more of: {', '.join(RECURRENT_MODELS)} (default: nac)")
+    parser.add_argument("--op", nargs="+", default=["add"], metavar="OP",
+                        help=f"one or more of: {', '.join(ar.OPS)}, or 'all' (default: add)")
+    parser.add_argument("--interp", nargs="+", type=float, default=[1.0, 2.0], metavar="X",
+                        help="input range for training and both tests: LO HI [LO HI ...] (default: 1 2)")
+    parser.add_argument("--extrap", nargs="+", type=float, default=None, metavar="X",
+                        help="input range of the extrapolation test (default: the --interp range)")
+    parser.add_argument("--train-length", type=int, default=DEFAULTS["train_length"], help="default: 10")
+    parser.add_argument("--extrap-length", type=int, default=DEFAULTS["extrap_length"], help="default: 1000")
+    parser.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-3)")
+    parser.add_argument("--eval-every", type=int, default=DEFAULTS["eval_every"], help="default: 1000")
+    parser.add_argument("--clip", type=float, default=None, help="per-member gradient-norm clipping (default: none)")
+    parser.add_argument("--backend", choices=("auto", "fused", "reference"), default="auto")
+
+
+def configs_from_args(args: argparse.Namespace) -> List[Config]:
+    ops = list(ar.OPS) if [o.lower() for o in args.op] == ["all"] else args.op
+    seeds = 8 if args.seeds is None else args.seeds
+    steps = 20_000 if args.steps is None else args.steps
+    interp = ar.parse_range(args.interp, "--interp").to_list()
+    extrap = interp if args.extrap is None else ar.parse_range(args.extrap, "--extrap").to_list()
+    return [recurrent_config(m, ops, seeds, steps, interp=interp, extrap=extrap, train_length=args.train_length,
+                             extrap_length=args.extrap_length, lr=args.lr, eval_every=min(args.eval_every, steps),
+                             clip=args.clip, backend=args.backend) for m in args.model]
+
+
+def profile_configs(profile: str) -> List[Config]:
+    if profile == "quick":
+        q = dict(eval_every=1000, n_valid=1000, n_test=1000, n_extrap=500, baseline_models=20, threshold_samples=3000)
+        return [
+            recurrent_config("nac", ["add", "sub"], 8, 6000, **q),
+            recurrent_config("nalu", ["add", "mul", "div"], 8, 6000, **q),
+            recurrent_config("lstm", ["add", "mul"], 8, 6000, **q),
+        ]
+    if profile == "paper":
+        return [recurrent_config(m, list(ar.OPS), 100, 500_000) for m in
+                ("nac", "nac-mul", "nalu", "nalu-separate", "nalu-indgate", "nalu-separate-indgate", "lstm", "gru")]
+    raise ValueError(f"unknown profile {profile!r}")
+
+
+def summarize(cfg: Config, records: List[Dict[str, Any]], extra: Dict[str, Any]) -> List[Dict[str, Any]]:
+    out = []
+    p = cfg.params
+    for op in p["ops"]:
+        recs = [r for r in records if r["op"] == op]
+        s = default_summary(cfg, recs)
+        for k in ("ops", "baseline_models", "threshold_samples", "n_valid", "n_test", "n_extrap", "data_seed",
+                  "seed_offset", "curve_lengths"):
+            s.pop(k, None)
+        s.update({"op": op, "interp": str(_range(p["interp"])), "extrap": str(_range(p["extrap"])),
+                  "threshold": extra["thresholds"][op], "seeds": len(recs)})
+        out.append(s)
+    return out
+
+
+def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
+    from .report import claim_row, fmt_num, fmt_rate, md_table
+
+    out = ["## Recurrent arithmetic (Trask et al. Table 1, bottom)", ""]
+    summ = [s for r in results for s in (r.summaries or [r.summary])]
+    rows = [[s["model"], ar.OP_SYMBOLS[s["op"]], f"T={s['train_length']} -> T={s['extrap_length']}, {s['interp']}",
+             f"{s['seeds']} x {s['steps']:g}", fmt_rate(s), fmt_num(s.get("solved_at_median")),
+             fmt_rate(s, "diverged"), fmt_num(s.get("interp_error_median")), fmt_num(s.get("extrap_error_median")),
+             fmt_num(s.get("threshold"))] for s in summ]
+    out += ["Success: extrapolation MSE (length 1000) at the best-validation step below that of an epsilon-perfect "
+            "recurrent accumulator (eps = 1e-5; no published threshold exists for this task). Errors: medians of the "
+            "paper's normalised error (100 = random initialisation).", "",
+            md_table(["model", "op", "setting", "seeds x steps", "success [95% CI]", "solved at", "diverged",
+                      "interp. error", "extrap. error", "threshold"], rows)]
+    claims = []
+    arith = [s for s in summ if s["model"] not in ("lstm", "gru") and s["op"] in ("add", "sub")]
+    if arith:
+        ok = all((s.get("success_rate") or 0) >= 0.5 for s in arith)
+        claims.append(claim_row("Recurrent NAC/NALU extrapolate addition/subtraction to length 1000",
+                                "success >= 50% for every NAC/NALU cell on + and -",
+                                "; ".join(f"{s['model']} {ar.OP_SYMBOLS[s['op']]}: {fmt_rate(s)}" for s in arith), ok))
+    base = [s for s in summ if s["model"] in ("lstm", "gru")]
+    if base:
+        ok = all((s.get("success_rate") or 0) == 0 for s in base)
+        claims.append(claim_row("Recurrent baselines (LSTM/GRU) fail to extrapolate", "0% success",
+                                "; ".join(f"{s['model']} {ar.OP_SYMBOLS[s['op']]}: {fmt_rate(s)}, extrap. error "
+                                          f"{fmt_num(s.get('extrap_error_median'))}" for s in base), ok))
+    div = [s for s in summ if s["op"] == "div"]
+    if div:
+        ok = all((s.get("success_rate") or 0) == 0 for s in div)
+        claims.append(claim_row("No model extrapolates division", "0% success on a / b for every model",
+                                "; ".join(f"{s['model']}: {fmt_rate(s)}" for s in div), ok))
+    if claims:
+        out += ["### The paper's claims, checked", "", md_table(["claim", "rule applied here", "our evidence", "verdict"], claims)]
+    plot = _plot_lengths(results, out_dir)
+    if plot:
+        out += ["### Error against sequence length", "", f"![MSE against sequence length]({plot})", "",
+                "Median MSE over (non-diverged) seeds of the selected models; training length 10.", ""]
+    return "\n".join(out)
+
+
+def _plot_lengths(results, out_dir) -> Optional[str]:
+    from .report import plt
+
+    curves = [(r.config.params["model"], op, r.extra["length_curve"]["lengths"], med)
+              for r in results if r.extra.get("length_curve") for op, med in r.extra["length_curve"]["median_mse"].items()]
+    if not curves:
+        return None
+    ops = [op for op in ar.OPS if any(c[1] == op for c in curves)]
+    pyplot = plt()
+    cols = min(3, len(ops))
+    rows = (len(ops) + cols - 1) // cols
+    fig, axes = pyplot.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
+    for i, op in enumerate(ops):
+        ax = axes[i // cols][i % cols]
+        for model, cop, lengths, med in curves:
+            if cop == op:
+                ax.plot(lengths, [m if (m is not None and m > 0) else float("nan") for m in med], marker="o", ms=3,
+                        label=model)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(ar.OP_SYMBOLS[op])
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("median MSE")
+        ax.legend(fontsize=7)
+    for j in range(len(ops), rows * cols):
+        axes[j // cols][j % cols].axis("off")
+    fig.tight_layout()
+    name = "recurrent_error_vs_length.png"
+    fig.savefig(os.path.join(out_dir, name), dpi=110)
+    pyplot.close(fig)
+    return name
+
+
+EXPERIMENT = register(Experiment(
+    name="recurrent",
+    help="recurrent arithmetic: sums over time steps, train length 10, test length 1000 (Table 1)",
+    configs=configs_from_args,
+    profile_configs=profile_configs,
+    run=run_recurrent,
+    add_arguments=add_arguments,
+    summarize=summarize,
+    report_section=report_section,
+    order=30,
+))

@@ -1,0 +1,120 @@
+"""``report.md``: our numbers beside the published ones, and the plots.
+
+Published figures come only from sources we can cite (``PAPER.md``): Trask et al. (2018) state
+claims but their table values are not available here, so claims are checked against our numbers
+by an explicit rule; Madsen & Johansen (2020) and Schlor et al. (2020, iNALU) give success rates.
+"""
+from __future__ import annotations
+
+import math
+import os
+import traceback
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .registry import ConfigResult, all_experiments, wilson_interval
+
+__all__ = ["build_report", "md_table", "fmt_rate", "fmt_num", "MADSEN_SUCCESS", "INALU_SUCCESS", "plt"]
+
+# Madsen & Johansen (2020), static task, U[1,2] -> U[2,6], 100 seeds. Keys: (our model name, op).
+MADSEN_SUCCESS: Dict[Tuple[str, str], float] = {
+    ("nalu", "add"): 0.14, ("nalu", "sub"): 0.14, ("nalu", "mul"): 0.00, ("nalu", "div"): 0.00,
+    ("nalu", "squared"): 0.00, ("nalu", "root"): 0.02,
+    ("nac", "add"): 1.00, ("nac", "sub"): 1.00, ("nac", "div"): 0.00,
+    ("nac-mul", "mul"): 0.31, ("nac-mul", "squared"): 0.77, ("nac-mul", "root"): 0.07, ("nac-mul", "div"): 0.00,
+}
+# Schlor, Ring & Hotho (2020), 70 runs per cell, success = extrapolation MSE < 1e-5 (a different
+# criterion from Madsen's), their NALU baseline.
+INALU_SUCCESS: Dict[Tuple[str, str], float] = {
+    ("nalu", "add"): 0.43, ("nalu", "sub"): 0.00, ("nalu", "mul"): 0.47, ("nalu", "div"): 0.00,
+}
+
+
+def plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+
+    return pyplot
+
+
+def fmt_num(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if not math.isfinite(f):
+        return "nan"
+    if f == 0:
+        return "0"
+    if abs(f) >= 1e4 or abs(f) < 1e-3:
+        return f"{f:.{max(1, digits - 1)}e}"
+    return f"{f:.{digits}g}"
+
+
+def fmt_rate(s: Dict[str, Any], key: str = "success") -> str:
+    rate = s.get(f"{key}_rate" if key != "diverged" else "divergence_rate")
+    if rate is None:
+        return "-"
+    ci = s.get(f"{key}_ci" if key != "diverged" else "divergence_ci") or [math.nan, math.nan]
+    count = s.get(f"{key}_count" if key != "diverged" else "divergence_count")
+    n = s.get("n_records")
+    return f"{100 * rate:.0f}% ({count}/{n}) [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]"
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(str(c) for c in r) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _fmt_time(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def build_report(by_exp: Dict[str, List[ConfigResult]], out_dir: str, meta: Dict[str, Any]) -> str:
+    lines = ["# nalu_cuda: reproduction report", ""]
+    cmd = meta.get("command")
+    if cmd:
+        lines += [f"Command: `{cmd}`", ""]
+    info = [f"generated {meta.get('generated')}", f"nalu_cuda {meta.get('nalu_cuda')}",
+            f"torch {meta.get('torch')}", f"native extension: {meta.get('native_extension')}",
+            f"device: {meta.get('device', 'cpu')}", f"machine: {meta.get('machine')}",
+            f"training wall time of the configurations below: {_fmt_time(meta.get('total_wall_s', 0.0))}"]
+    if meta.get("profile"):
+        info.insert(0, f"profile: **{meta['profile']}**")
+    lines += ["- " + "\n- ".join(info), ""]
+    lines += [
+        "How to read this report: every configuration trains all of its seeds as one ensemble (each seed "
+        "with its own initialisation and data stream). Model selection uses validation data from the "
+        "training range only. Rates carry 95% Wilson intervals. *Normalised error* is the paper's scale: "
+        "100 = the mean MSE of randomly initialised models of the same architecture, 0 = perfect. "
+        "*Success* is Madsen & Johansen's criterion: extrapolation MSE at the best-validation step below "
+        "that of an epsilon-perfect solution (eps = 1e-5). The values inside Trask et al.'s tables are not "
+        "available to us, so their claims are checked instead, by the rule stated beside each.",
+        "",
+    ]
+    known = {e.name: e for e in all_experiments()}
+    order = [e.name for e in all_experiments()] + sorted(set(by_exp) - set(known))
+    for name in order:
+        if name not in by_exp:
+            continue
+        exp = known.get(name)
+        results = by_exp[name]
+        try:
+            section = exp.report_section(results, out_dir) if exp is not None else ""
+        except Exception as exc:  # one broken section must not lose the rest of the report
+            section = (f"_The report section of `{name}` failed: {type(exc).__name__}: {exc}_\n\n```\n"
+                       f"{traceback.format_exc(limit=4)}```\n")
+        if exp is None:
+            section = f"## {name}\n\n_(experiment not registered in this installation; raw results only)_\n"
+        lines += [section.rstrip(), ""]
+    return "\n".join(lines) + "\n"
+
+
+def claim_row(claim: str, rule: str, evidence: str, holds: Optional[bool]) -> List[str]:
+    verdict = {True: "**holds**", False: "**does not hold**", None: "not tested here"}[holds]
+    return [claim, rule, evidence, verdict]

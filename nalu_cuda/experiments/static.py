@@ -1,0 +1,524 @@
+"""Static arithmetic (Trask et al. 2018, Table 1 top; Madsen & Johansen 2020, Section 4).
+
+``x`` in R^100, ``a`` and ``b`` sums of two overlapping subsets, target ``op(a, b)`` for
+``op`` in add, sub, mul, div, squared, root. Two-layer models of hidden size 2, Adam (lr 1e-3),
+batches of 128 drawn fresh every step, squared loss; validation on the training range (model
+selection), tests on the training range (interpolation) and on the extrapolation range.
+
+One configuration is one model over one or more operations and one pair of ranges; all
+``len(ops) x seeds`` members train as one ensemble (the operations only change the targets), and
+the summary has one record per (model, operation).
+
+Reported per seed: Madsen's success (extrapolation MSE at the best-validation step under the
+epsilon-perfect threshold), "solved at", sparsity error, divergence, raw MSEs and the paper's
+normalised errors (100 = the mean MSE of randomly initialised models of the same architecture,
+0 = perfect).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import arithmetic as ar
+from .ensemble import ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model, member_generators, sparsity_error
+from .registry import Config, ConfigResult, Context, Experiment, RunOutput, default_summary, register
+from .training import EvalSet, evaluate_mse, train_ensemble
+
+__all__ = ["EXPERIMENT", "static_config", "run_static", "STATIC_MODELS", "RANGE_STRESS"]
+
+STATIC_MODELS = ("linear", "relu", "relu6") + ARITHMETIC_MODELS + tuple(m for m in MLP_MODELS if m not in ("linear", "relu", "relu6"))
+
+# Madsen & Johansen's range stress test (multiplication, 50 seeds): (interpolation, extrapolation).
+RANGE_STRESS = [
+    ([-2, -1], [-6, -2]),
+    ([-2, 2], [-6, -2, 2, 6]),
+    ([0, 1], [1, 5]),
+    ([0.1, 0.2], [0.2, 2]),
+    ([1, 2], [2, 6]),
+    ([1.1, 1.2], [1.2, 6]),
+    ([10, 20], [20, 40]),
+]
+
+DEFAULTS: Dict[str, Any] = dict(
+    interp=[[1.0, 2.0]], extrap=[[2.0, 6.0]], input_size=100, subset_ratio=0.25, overlap_ratio=0.5, hidden=2,
+    lr=1e-3, batch=128, eval_every=1000, n_valid=10_000, n_test=10_000, baseline_models=100, seed_offset=0,
+    data_seed=0, backend="auto", eps=1e-7, threshold_samples=1_000_000, threshold_layout="task",
+)
+
+_THRESHOLD_CACHE: Dict[tuple, float] = {}
+
+
+def threshold_for(op: str, extrap: ar.Range, p: Dict[str, Any]) -> float:
+    key = (op, extrap, p["input_size"], p["subset_ratio"], p["overlap_ratio"], p["threshold_samples"],
+           p["threshold_layout"])
+    if key not in _THRESHOLD_CACHE:
+        _THRESHOLD_CACHE[key] = ar.mse_threshold(op, extrap, p["input_size"], p["subset_ratio"], p["overlap_ratio"],
+                                                 samples=p["threshold_samples"], layout=p["threshold_layout"])
+    return _THRESHOLD_CACHE[key]
+
+
+def _range_name(r: Sequence[Sequence[float]]) -> str:
+    return "u".join(f"{lo:g}_{hi:g}" for lo, hi in r)
+
+
+def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, name: Optional[str] = None,
+                  **params) -> Config:
+    """A static-task configuration; ``params`` override :data:`DEFAULTS`; validates everything."""
+    model = check_model(model, STATIC_MODELS)
+    ops = [ar.canonical_op(o) for o in ops]
+    if len(set(ops)) != len(ops):
+        raise ValueError(f"operations repeat: {ops}")
+    p = dict(DEFAULTS)
+    unknown = set(params) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown static parameters {sorted(unknown)}")
+    p.update({k: v for k, v in params.items() if v is not None})
+    interp = _as_range(p["interp"], "interpolation range")
+    extrap = _as_range(p["extrap"], "extrapolation range")
+    if interp.contains(extrap):
+        raise ValueError(f"the extrapolation range {extrap} lies inside the training range {interp}: "
+                         "that tests interpolation, not extrapolation")
+    if seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {seeds}")
+    if steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {steps}")
+    for k in ("batch", "eval_every", "n_valid", "n_test", "baseline_models", "input_size", "hidden"):
+        if int(p[k]) < 1:
+            raise ValueError(f"{k} must be at least 1, got {p[k]}")
+    if not (p["lr"] > 0):
+        raise ValueError(f"learning rate must be positive, got {p['lr']}")
+    ar.subset_sizes(p["input_size"], p["subset_ratio"], p["overlap_ratio"])
+    if "root" in ops and interp.lo < 0:
+        raise ValueError("sqrt(a) needs a >= 0: the training range must be non-negative for op 'root'")
+    p["interp"], p["extrap"] = interp.to_list(), extrap.to_list()
+    p["model"], p["ops"] = model, ops
+    if name is None:
+        name = f"{model}-{'+'.join(ops) if len(ops) < 6 else 'allops'}-{_range_name(p['interp'])}-to-{_range_name(p['extrap'])}"
+    return Config("static", name, int(seeds), int(steps), p)
+
+
+def _as_range(r, what: str) -> ar.Range:
+    if isinstance(r, ar.Range):
+        return r
+    flat = [v for pair in r for v in (pair if isinstance(pair, (list, tuple)) else [pair])]
+    return ar.parse_range(flat, what)
+
+
+def _targets(x: torch.Tensor, masks: torch.Tensor, ops: Sequence[str], n_seeds: int) -> torch.Tensor:
+    """``x`` ``(S, B, I)`` (one stream per seed) -> targets ``(len(ops) * S, B, 1)``; float64 math."""
+    ab = torch.bmm(x.double(), masks.double())
+    a, b = ab[..., 0], ab[..., 1]
+    return torch.cat([ar.apply_op(op, a, b) for op in ops], 0).unsqueeze(-1).float()
+
+
+def run_static(cfg: Config, ctx: Context) -> RunOutput:
+    p = cfg.params
+    torch.manual_seed(0)
+    ops: List[str] = p["ops"]
+    S = cfg.seeds
+    seeds = [p["seed_offset"] + s for s in range(S)]
+    E = len(ops) * S
+    member_seeds = [s for _ in ops for s in seeds]
+    I = p["input_size"]
+    interp, extrap = _as_range(p["interp"], "interp"), _as_range(p["extrap"], "extrap")
+    dev = torch.device(ctx.device)
+
+    layouts = [ar.subset_layout(s, I, p["subset_ratio"], p["overlap_ratio"]) for s in seeds]
+    masks = torch.stack([lay.mask() for lay in layouts])  # (S, I, 2)
+    model = build_static_model(p["model"], I, p["hidden"], ensemble=E, backend=p["backend"], eps=p["eps"])
+    model.reset_parameters(member_generators(member_seeds))
+    model.to(dev)
+
+    stream = ar.UniformStream(seeds, (p["batch"], I), interp, chunk=16)
+    masks_d = masks.to(dev)
+
+    def batch_fn(step: int):
+        x = stream.next().to(dev)                         # (S, B, I)
+        t = _targets(x, masks_d, ops, S)                  # (E, B, 1)
+        return (x if len(ops) == 1 else x.repeat(len(ops), 1, 1)), t
+
+    def fixed_set(name: str, rng_range: ar.Range, n: int) -> EvalSet:
+        rng = np.random.default_rng(ar.seed_for(p["data_seed"], name))
+        x = torch.from_numpy(rng_range.sample(rng, (n, I))).float()
+        xs = x.unsqueeze(0).expand(S, n, I)
+        ab = torch.bmm(xs.double(), masks.double())      # targets in float64 from the float32 inputs
+        t = torch.cat([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 0).unsqueeze(-1).float()
+        return EvalSet(name, x.to(dev), t.to(dev))
+
+    val = fixed_set("valid", interp, p["n_valid"])
+    test_i = fixed_set("interp-test", interp, p["n_test"])
+    test_x = fixed_set("extrap-test", extrap, p["n_test"])
+    thresholds = {op: threshold_for(op, extrap, p) for op in ops}
+    thr = torch.tensor([thresholds[op] for op in ops for _ in seeds], dtype=torch.float64)
+
+    res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p["lr"], eval_every=p["eval_every"],
+                         threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"static {cfg.name}",
+                         stream_state=(stream.state_dict, stream.load_state_dict))
+
+    model.load_state_dict(res.best_state)
+    interp_mse = evaluate_mse(model, test_i, E)
+    extrap_mse = evaluate_mse(model, test_x, E)
+    sparsity = sparsity_error(model, E)
+    base = _random_baseline(p, ops, test_i, test_x, dev)
+    range_curve = _range_curve(model, p, ops, masks, interp, S, dev, res.diverged)
+
+    records = []
+    for k in range(E):
+        op = ops[k // S]
+        seed = member_seeds[k]
+        im, xm = float(interp_mse[k]), float(extrap_mse[k])
+        div = bool(res.diverged[k])
+        success = bool(math.isfinite(xm) and xm < thresholds[op])
+        records.append({
+            "seed": seed, "model": p["model"], "op": op,
+            "interp": str(interp), "extrap": str(extrap),
+            "success": success, "diverged": div,
+            "solved_at": int(res.solved_at[k]) if int(res.solved_at[k]) >= 0 else None,
+            "best_step": int(res.best_step[k]),
+            "valid_mse": float(res.best_val[k]),
+            "interp_mse": im, "extrap_mse": xm,
+            "interp_error": _norm(im, base[op][0]), "extrap_error": _norm(xm, base[op][1]),
+            "sparsity_error": None if sparsity is None else float(sparsity[k]),
+            "threshold": thresholds[op],
+            "final_train_loss": float(res.final_loss[k]),
+        })
+    extra = {
+        "thresholds": thresholds,
+        "published_thresholds": {op: ar.PUBLISHED_THRESHOLDS[op] for op in ops},
+        "baseline_mse": {op: {"interp": base[op][0], "extrap": base[op][1]} for op in ops},
+        "layouts": {str(s): [lay.a_start, lay.a_end, lay.b_start, lay.b_end] for s, lay in zip(seeds, layouts)},
+        "train_wall_s": res.wall_s,
+        "range_curve": range_curve,
+        "history_extrap": _thin_history(res.history.get("extrap-test", [])),
+        "history_valid": _thin_history(res.history.get("valid", [])),
+    }
+    return RunOutput(records, extra)
+
+
+RANGE_SCALES = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+
+
+@torch.no_grad()
+def _range_curve(model, p, ops, masks, interp: ar.Range, S: int, dev, diverged, n: int = 1000) -> Dict[str, Any]:
+    """Median (over non-diverged seeds) MSE on the training range scaled by each of RANGE_SCALES."""
+    I = p["input_size"]
+    E = len(ops) * S
+    med: Dict[str, List[Optional[float]]] = {op: [] for op in ops}
+    for k, sc in enumerate(RANGE_SCALES):
+        rng_range = ar.Range(tuple((lo * sc, hi * sc) for lo, hi in interp.intervals))
+        rng = np.random.default_rng(ar.seed_for(p["data_seed"], f"range-{k}"))
+        x = torch.from_numpy(rng_range.sample(rng, (n, I))).float()
+        ab = torch.bmm(x.double().unsqueeze(0).expand(S, n, I), masks.double())
+        t = torch.cat([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 0).unsqueeze(-1).float()
+        mse = evaluate_mse(model, EvalSet("range", x.to(dev), t.to(dev)), E)
+        for j, op in enumerate(ops):
+            m = mse[j * S:(j + 1) * S][~diverged[j * S:(j + 1) * S]]
+            m = m[torch.isfinite(m)]
+            med[op].append(float(m.median()) if m.numel() else None)
+    return {"scales": list(RANGE_SCALES), "median_mse": med}
+
+
+def _thin_history(h: List[List[float]], max_points: int = 60) -> List[List[float]]:
+    if len(h) <= max_points:
+        return h
+    idx = np.unique(np.linspace(0, len(h) - 1, max_points).round().astype(int))
+    return [h[i] for i in idx]
+
+
+def _norm(mse: float, base: float) -> Optional[float]:
+    if not (math.isfinite(mse) and base and math.isfinite(base) and base > 0):
+        return None
+    return 100.0 * mse / base
+
+
+@torch.no_grad()
+def _random_baseline(p: Dict[str, Any], ops: Sequence[str], test_i: EvalSet, test_x: EvalSet, dev) -> Dict[str, tuple]:
+    """Mean MSE of ``baseline_models`` randomly initialised models (fixed seeds), per operation.
+
+    Each random model gets the subset layout of its own seed (as a trained member would); the
+    mean is over models with a finite MSE.
+    """
+    R = int(p["baseline_models"])
+    bseeds = [10_000_000 + r for r in range(R)]
+    I = p["input_size"]
+    model = build_static_model(p["model"], I, p["hidden"], ensemble=R, backend=p["backend"], eps=p["eps"])
+    model.reset_parameters(member_generators(bseeds))
+    model.to(dev).eval()
+    masks = torch.stack([ar.subset_layout(s, I, p["subset_ratio"], p["overlap_ratio"]).mask() for s in bseeds]).double()
+    out = {}
+    preds = {}
+    for ev in (test_i, test_x):
+        ys = []
+        for s in range(0, ev.x.shape[0], 1000):
+            x = ev.x[s:s + 1000]
+            ys.append(model(x.unsqueeze(0).expand(R, *x.shape).contiguous()).double().cpu())
+        preds[ev.name] = (torch.cat(ys, 1), ev.x.cpu().double())
+    for op in ops:
+        vals = []
+        for name in (test_i.name, test_x.name):
+            y, x = preds[name]
+            ab = torch.bmm(x.unsqueeze(0).expand(R, *x.shape), masks)
+            t = ar.apply_op(op, ab[..., 0], ab[..., 1]).unsqueeze(-1)
+            mse = ((y - t) ** 2).mean(dim=(1, 2))
+            mse = mse[torch.isfinite(mse)]
+            vals.append(float(mse.mean()) if mse.numel() else math.nan)
+        out[op] = tuple(vals)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI, profiles, summary, report
+# ------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", nargs="+", default=["nac"], metavar="MODEL",
+                        help=f"one or more of: {', '.join(STATIC_MODELS)} (default: nac)")
+    parser.add_argument("--op", nargs="+", default=["add"], metavar="OP",
+                        help=f"one or more of: {', '.join(ar.OPS)}, or 'all' (default: add)")
+    parser.add_argument("--interp", nargs="+", type=float, default=[1.0, 2.0], metavar="X",
+                        help="training/validation/interpolation range: LO HI [LO HI ...] (default: 1 2)")
+    parser.add_argument("--extrap", nargs="+", type=float, default=[2.0, 6.0], metavar="X",
+                        help="extrapolation test range: LO HI [LO HI ...] (default: 2 6)")
+    parser.add_argument("--range-stress", action="store_true",
+                        help="run Madsen & Johansen's range stress list instead of --interp/--extrap")
+    parser.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-3)")
+    parser.add_argument("--batch", type=int, default=DEFAULTS["batch"], help="batch size (default: 128)")
+    parser.add_argument("--eval-every", type=int, default=DEFAULTS["eval_every"],
+                        help="steps between evaluations (default: 1000)")
+    parser.add_argument("--n-test", type=int, default=DEFAULTS["n_test"],
+                        help="size of the validation and test sets (default: 10000)")
+    parser.add_argument("--backend", choices=("auto", "fused", "reference"), default="auto",
+                        help="NAC/NALU implementation (default: auto)")
+
+
+def configs_from_args(args: argparse.Namespace) -> List[Config]:
+    ops = list(ar.OPS) if [o.lower() for o in args.op] == ["all"] else args.op
+    seeds = 16 if args.seeds is None else args.seeds
+    steps = 50_000 if args.steps is None else args.steps
+    pairs = RANGE_STRESS if args.range_stress else [(args.interp, args.extrap)]
+    out = []
+    for model in args.model:
+        for interp, extrap in pairs:
+            out.append(static_config(model, ops, seeds, steps, interp=_pairs(interp), extrap=_pairs(extrap),
+                                     lr=args.lr, batch=args.batch, eval_every=min(args.eval_every, steps),
+                                     n_valid=args.n_test, n_test=args.n_test, backend=args.backend))
+    return out
+
+
+def _pairs(vals: Sequence[float]) -> List[List[float]]:
+    return ar.parse_range(vals, "range").to_list()
+
+
+def profile_configs(profile: str) -> List[Config]:
+    if profile == "quick":
+        q = dict(eval_every=500, n_valid=5000, n_test=5000, baseline_models=50, threshold_samples=400_000)
+        cfgs = [
+            static_config("nac", ["add", "sub"], 16, 10_000, **q),
+            static_config("nac-mul", ["mul", "squared"], 16, 10_000, **q),
+            static_config("nalu", list(ar.OPS), 10, 10_000, **q),
+            static_config("nalu-separate-indgate", ["add", "sub", "mul"], 10, 10_000, **q),
+            static_config("relu6", ["add", "mul"], 8, 5_000, **q),
+            static_config("linear", ["add", "mul"], 8, 5_000, **q),
+        ]
+        return cfgs
+    if profile == "paper":
+        cfgs = [static_config(m, list(ar.OPS), 100, 5_000_000) for m in
+                ("linear", "relu", "relu6", "nac", "nac-mul", "nalu", "nalu-separate", "nalu-indgate",
+                 "nalu-separate-indgate")]
+        for interp, extrap in RANGE_STRESS:
+            for m in ("nac-mul", "nalu"):
+                cfgs.append(static_config(m, ["mul"], 50, 5_000_000, interp=[interp], extrap=_pairs(extrap)))
+        return cfgs
+    raise ValueError(f"unknown profile {profile!r}")
+
+
+def summarize(cfg: Config, records: List[Dict[str, Any]], extra: Dict[str, Any]) -> List[Dict[str, Any]]:
+    out = []
+    p = cfg.params
+    for op in p["ops"]:
+        recs = [r for r in records if r["op"] == op]
+        s = default_summary(cfg, recs)
+        for k in ("ops", "baseline_models", "threshold_samples", "n_valid", "n_test", "data_seed", "seed_offset"):
+            s.pop(k, None)
+        s.update({"op": op, "interp": str(_as_range(p["interp"], "")), "extrap": str(_as_range(p["extrap"], "")),
+                  "threshold": extra["thresholds"][op], "published_threshold": ar.PUBLISHED_THRESHOLDS[op]
+                  if p["interp"] == DEFAULTS["interp"] and p["extrap"] == DEFAULTS["extrap"]
+                  and p["input_size"] == 100 else None,
+                  "seeds": len(recs)})
+        out.append(s)
+    return out
+
+
+def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
+    from .report import INALU_SUCCESS, MADSEN_SUCCESS, claim_row, fmt_num, fmt_rate, md_table
+
+    out = ["## Static arithmetic (Trask et al. Table 1, top; Madsen & Johansen 2020 protocol)", ""]
+    rows, summ = [], []
+    for r in results:
+        for s in r.summaries or [r.summary]:
+            summ.append((r, s))
+    default = [(r, s) for r, s in summ if s.get("published_threshold") is not None]
+    for r, s in summ:
+        key = (s["model"], s["op"])
+        is_default = s.get("published_threshold") is not None
+        mad = MADSEN_SUCCESS.get(key) if is_default else None
+        inalu = INALU_SUCCESS.get(key) if is_default else None
+        rows.append([s["model"], ar.OP_SYMBOLS[s["op"]], f"{s['interp']} -> {s['extrap']}",
+                     f"{s['seeds']} x {s['steps']:g}", fmt_rate(s),
+                     "-" if mad is None else f"{100 * mad:.0f}%", "-" if inalu is None else f"{100 * inalu:.0f}%",
+                     fmt_num(s.get("solved_at_median")), fmt_num(s.get("sparsity_error_solved_mean")),
+                     fmt_rate(s, "diverged"), fmt_num(s.get("interp_error_median")),
+                     fmt_num(s.get("extrap_error_median"))])
+    out += ["Success = extrapolation MSE at the best-validation step below the epsilon-perfect threshold. "
+            "Madsen & Johansen: 100 seeds x 5e6 steps; iNALU: 70 runs, success = extrapolation MSE < 1e-5 "
+            "(a different criterion). A dash: no sourced number for that cell. Errors are medians over seeds "
+            "of the paper's normalised error (100 = random initialisation).", "",
+            md_table(["model", "op", "ranges", "seeds x steps", "success (ours) [95% CI]", "Madsen", "iNALU",
+                      "solved at (median)", "sparsity err. (solved)", "diverged", "interp. error",
+                      "extrap. error"], rows)]
+    # Thresholds
+    trows = []
+    seen = set()
+    for r, s in summ:
+        k = (s["op"], s["extrap"])
+        if k in seen:
+            continue
+        seen.add(k)
+        pub = s.get("published_threshold")
+        trows.append([ar.OP_SYMBOLS[s["op"]], s["extrap"], fmt_num(s.get("threshold"), 5),
+                      "-" if pub is None else fmt_num(pub, 5),
+                      "-" if pub is None else f"{s['threshold'] / pub:.3f}"])
+    out += ["### Success thresholds (MSE of the epsilon-perfect solution, Monte Carlo in float64)", "",
+            "Ours are for the subsets actually trained (25 inputs each, overlap 12). Madsen & Johansen's R "
+            "script indexes `a.start:a.end` inclusively, i.e. 26 inputs (overlap 13); with that layout our "
+            "estimator gives their published values within 1% (checked by the test suite), and the task layout "
+            "differs from them by up to ~18% (division), which cannot change a success verdict by much.", "",
+            md_table(["op", "extrapolation range", "threshold (ours)", "published", "ratio"], trows)]
+    # Claims
+    claims = []
+
+    def find(model, op):
+        for r, s in default:
+            if s["model"] == model and s["op"] == op:
+                return s
+        return None
+
+    mlps = [s for r, s in default if s["model"] in MLP_MODELS]
+    if mlps:
+        ok = all((s.get("interp_error_median") or 1e9) < 10 and (s.get("success_rate") or 0) == 0
+                 and (s.get("extrap_error_median") or 0) > 10 * (s.get("interp_error_median") or 0) for s in mlps)
+        ev = "; ".join(f"{s['model']} {ar.OP_SYMBOLS[s['op']]}: interp {fmt_num(s.get('interp_error_median'))}, "
+                       f"extrap {fmt_num(s.get('extrap_error_median'))}, success {100 * (s.get('success_rate') or 0):.0f}%"
+                       for s in mlps)
+        claims.append(claim_row("Standard networks interpolate but fail to extrapolate",
+                                "every MLP: median interp. error < 10, extrap. error > 10x interp., 0% success", ev, ok))
+    nac = [find("nac", op) for op in ("add", "sub")]
+    if all(nac):
+        ok = all(s["success_rate"] >= 0.95 for s in nac)
+        claims.append(claim_row("NAC+ solves a + b and a - b", "success >= 95% on both (the issue's bar)",
+                                "; ".join(f"{ar.OP_SYMBOLS[s['op']]}: {fmt_rate(s)}" for s in nac), ok))
+    nalu_mul = [find("nalu", op) for op in ("mul", "div", "squared", "root")]
+    nalu_mul = [s for s in nalu_mul if s]
+    if nalu_mul:
+        ok = all(s["success_rate"] >= 0.5 for s in nalu_mul)
+        claims.append(claim_row("NALU also solves the multiplicative operations",
+                                "NALU (tied, input gate) success >= 50% on each of *, /, a^2, sqrt run",
+                                "; ".join(f"{ar.OP_SYMBOLS[s['op']]}: {fmt_rate(s)}" for s in nalu_mul), ok))
+        failed = [ar.OP_SYMBOLS[s["op"]] for s in nalu_mul if (s.get("success_rate") or 0) == 0]
+        if failed:
+            claims.append(claim_row("(Madsen & Johansen) NALU fails multiplication", "0 successes",
+                                    f"NALU solved none of the seeds on: {', '.join(failed)}", True))
+    if claims:
+        out += ["### The paper's claims, checked", "",
+                md_table(["claim", "rule applied here", "our evidence", "verdict"], claims)]
+        if nalu_mul and any((s.get("success_rate") or 0) == 0 for s in nalu_mul):
+            out += ["**Where the NALU fails, plainly:** with the paper's NALU (tied weights, input-dependent gate) "
+                    "and Madsen & Johansen's protocol, no seed learned "
+                    + ", ".join(ar.OP_SYMBOLS[s["op"]] for s in nalu_mul if (s.get("success_rate") or 0) == 0)
+                    + ". This matches Madsen & Johansen (0% on a * b) and contradicts the original paper's claim.", ""]
+    plot = _plot_ranges(results, out_dir)
+    if plot:
+        out += ["### Error against the extrapolation range", "",
+                f"![MSE against input scale]({plot})", "",
+                "Median MSE over seeds of the selected (best-validation) models on U[s lo, s hi] for the training "
+                "range [lo, hi] scaled by s (s = 1 is the training range).", ""]
+    stress = _range_stress_table(summ)
+    if stress:
+        out += stress
+    walls = sum(r.wall_s for r in results)
+    out += [f"_Static task: {len(results)} configuration(s), {len(summ)} (model, op) cells, "
+            f"{sum(s['seeds'] for _, s in summ)} seeds in all, {walls:.0f} s of training._", ""]
+    return "\n".join(out)
+
+
+def _range_stress_table(summ) -> List[str]:
+    from .report import fmt_num, fmt_rate, md_table
+
+    rows = [s for _, s in summ if s["op"] == "mul" and s.get("published_threshold") is None]
+    if not rows:
+        return []
+    return ["### Range stress (multiplication)", "",
+            md_table(["model", "interpolation", "extrapolation", "seeds", "success [95% CI]", "threshold",
+                      "extrap. error"],
+                     [[s["model"], s["interp"], s["extrap"], s["seeds"], fmt_rate(s), fmt_num(s["threshold"]),
+                       fmt_num(s.get("extrap_error_median"))] for s in rows])]
+
+
+def _plot_ranges(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]:
+    from .report import plt
+
+    curves = []
+    for r in results:
+        rc = r.extra.get("range_curve")
+        if not rc:
+            continue
+        for op, med in rc["median_mse"].items():
+            curves.append((r.config.params["model"], op, rc["scales"], med, r.config.params["interp"]))
+    if not curves:
+        return None
+    ops = [op for op in ar.OPS if any(c[1] == op for c in curves)]
+    pyplot = plt()
+    n = len(ops)
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = pyplot.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
+    for i, op in enumerate(ops):
+        ax = axes[i // cols][i % cols]
+        for model, cop, scales, med, interp in curves:
+            if cop != op:
+                continue
+            ys = [m if (m is not None and m > 0) else float("nan") for m in med]
+            ax.plot(scales, ys, marker="o", ms=3, label=f"{model} {interp}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_title(ar.OP_SYMBOLS[op])
+        ax.set_xlabel("input scale s (1 = training range)")
+        ax.set_ylabel("median MSE")
+        ax.legend(fontsize=6)
+    for j in range(n, rows * cols):
+        axes[j // cols][j % cols].axis("off")
+    fig.tight_layout()
+    name = "static_error_vs_range.png"
+    fig.savefig(os.path.join(out_dir, name), dpi=110)
+    pyplot.close(fig)
+    return name
+
+
+EXPERIMENT = register(Experiment(
+    name="static",
+    help="static arithmetic: a, b sums of subsets of x in R^100; +, -, *, /, a^2, sqrt (Table 1)",
+    configs=configs_from_args,
+    profile_configs=profile_configs,
+    run=run_static,
+    add_arguments=add_arguments,
+    summarize=summarize,
+    report_section=report_section,
+    order=20,
+))
