@@ -1,0 +1,176 @@
+"""Training throughput on the static arithmetic task: one seed vs. 100 seeds as one ensemble.
+
+What one "step" is, for every row: draw a fresh batch of 128 inputs in R^100 per seed (U[1,2]),
+compute the targets a + b, forward and backward through a two-layer model of hidden size 2, check
+every member for NaN/Inf, and take an Adam step: exactly the loop of
+``nalu_cuda.experiments.training.train_ensemble`` used by ``nalu-cuda static`` (a tiny validation
+set is evaluated once at the start and once at the end).
+
+Rows (``--models`` NAC+ -> NAC+ and NALU -> NALU by default):
+
+* ``E=1 reference``: one seed, eager pure-PyTorch layers. Training 100 seeds one after another
+  (how the published protocol ran them) costs 100 times one such run; that is the baseline.
+* ``E=1 fused``: one seed, the fused kernels.
+* ``E=100 reference`` / ``E=100 fused``: 100 seeds as one ensemble.
+* ``plain loop``: a minimal single-seed script a user would write (``torch.rand`` batches,
+  ``nn.Module`` layers without an ensemble dimension, ``torch.optim.Adam``, no divergence checks),
+  to show the baseline is not handicapped by our trainer.
+
+The speed-up is ``(E=100 steps/s * 100) / (baseline steps/s)``: seed-steps per second of the
+ensemble over those of single-seed runs done one after another. The published protocol (5e6 steps
+x 100 seeds, "about 8 CPU-hours per seed") is extrapolated from the measured rates.
+
+    python benchmarks/bench_training.py                     # about 2-4 minutes on 2 slow cores
+    python benchmarks/bench_training.py --steps 300 --quick # a smoke run
+
+Writes ``benchmarks/results/training.json``, ``training.csv`` and ``training.md``. Timings are
+wall clock with one thread (``torch.set_num_threads(1)``) after a warm-up; on a shared machine run
+it when the machine is otherwise idle, and look at the spread of the ``--repeats``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import nalu_cuda  # noqa: E402
+from nalu_cuda.experiments import arithmetic as ar  # noqa: E402
+from nalu_cuda.experiments.ensemble import build_static_model, member_generators  # noqa: E402
+from nalu_cuda.experiments.registry import Context  # noqa: E402
+from nalu_cuda.experiments.training import EvalSet, train_ensemble  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+I, B = 100, 128
+PUBLISHED_STEPS, PUBLISHED_SEEDS, PUBLISHED_HOURS_PER_SEED = 5_000_000, 100, 8.0
+
+
+def _trainer_rate(model_name: str, E: int, backend: str, steps: int) -> float:
+    """Steps per second of train_ensemble for E seeds (timed over `steps` after a warm-up run)."""
+    seeds = list(range(E))
+    masks = torch.stack([ar.subset_layout(s, I).mask() for s in seeds])
+    interp = ar.parse_range([1, 2])
+    xv = torch.rand(64, I) + 1
+    tv = torch.einsum("ni,eij->enj", xv, masks).sum(-1, keepdim=True)
+    val = EvalSet("valid", xv, tv)
+    ctx = Context(device="cpu", work_dir=".", progress=False)
+
+    def run(n: int) -> float:
+        model = build_static_model(model_name, I, 2, ensemble=E, backend=backend)
+        model.reset_parameters(member_generators(seeds))
+        stream = ar.UniformStream(seeds, (B, I), interp, chunk=16)
+
+        def batch_fn(step):
+            x = stream.next()
+            ab = torch.bmm(x, masks)
+            return x, (ab[..., :1] + ab[..., 1:])
+
+        t0 = time.perf_counter()
+        train_ensemble(model, E, batch_fn, n, val, lr=1e-3, eval_every=n, ctx=ctx)
+        return time.perf_counter() - t0
+
+    run(max(20, steps // 10))  # warm-up (allocations, first-call dispatch)
+    return steps / run(steps)
+
+
+def _plain_rate(model_name: str, steps: int) -> float:
+    """A minimal single-seed eager loop, as a user would write it (no ensemble, no checks)."""
+    torch.manual_seed(0)
+    if model_name == "nac":
+        model = torch.nn.Sequential(nalu_cuda.NAC(I, 2, backend="reference"), nalu_cuda.NAC(2, 1, backend="reference"))
+    else:
+        model = torch.nn.Sequential(nalu_cuda.NALU(I, 2, backend="reference"), nalu_cuda.NALU(2, 1, backend="reference"))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    mask = ar.subset_layout(0, I).mask()
+
+    def run(n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x = torch.rand(B, I) + 1
+            t = (x @ mask).sum(-1, keepdim=True)
+            loss = torch.nn.functional.mse_loss(model(x), t)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return time.perf_counter() - t0
+
+    run(max(20, steps // 10))
+    return steps / run(steps)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=2000, help="timed steps per measurement (default 2000)")
+    ap.add_argument("--ensemble", type=int, default=100, help="seeds in the ensemble (default 100)")
+    ap.add_argument("--models", nargs="+", default=["nac", "nalu"], choices=["nac", "nalu"])
+    ap.add_argument("--repeats", type=int, default=3, help="repeats per measurement; the median is reported")
+    ap.add_argument("--quick", action="store_true", help="one repeat (smoke test)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="output directory")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    repeats = 1 if args.quick else args.repeats
+    E = args.ensemble
+    rows = []
+    for model in args.models:
+        def med(fn):
+            vals = [fn() for _ in range(repeats)]
+            return statistics.median(vals), vals
+
+        meas = {}
+        meas["plain"] = med(lambda: _plain_rate(model, args.steps))
+        meas["1-reference"] = med(lambda: _trainer_rate(model, 1, "reference", args.steps))
+        meas["1-fused"] = med(lambda: _trainer_rate(model, 1, "fused", args.steps))
+        ens_steps = max(50, args.steps // 4)
+        meas[f"{E}-reference"] = med(lambda: _trainer_rate(model, E, "reference", ens_steps))
+        meas[f"{E}-fused"] = med(lambda: _trainer_rate(model, E, "fused", ens_steps))
+        baseline = max(meas["plain"][0], meas["1-reference"][0])  # the faster single-seed eager run
+        for key, (rate, vals) in meas.items():
+            seeds = E if key.startswith(f"{E}-") else 1
+            label = {"plain": "1 seed, plain eager loop (user script)"}.get(
+                key, f"{seeds} seed{'s' if seeds > 1 else ''}, {key.split('-')[1]}" + (" ensemble" if seeds > 1 else ""))
+            rows.append({
+                "model": model, "config": label, "seeds": seeds, "steps_per_s": rate,
+                "seed_steps_per_s": rate * seeds, "speedup_vs_sequential_eager": rate * seeds / baseline,
+                "repeats": [round(v, 2) for v in vals],
+                "published_protocol_cpu_hours": PUBLISHED_STEPS * PUBLISHED_SEEDS / (rate * seeds) / 3600,
+            })
+        print(f"{model}: " + ", ".join(f"{k} {v[0]:.0f} steps/s" for k, v in meas.items()), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    meta = {"torch": torch.__version__, "nalu_cuda": nalu_cuda.__version__, "threads": 1,
+            "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs ({platform.processor()})",
+            "steps": args.steps, "ensemble": E, "batch": B, "inputs": I,
+            "command": "python benchmarks/bench_training.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    with open(os.path.join(args.out, "training.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out, "training.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "repeats"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    lines = ["# Training throughput, static task (batch 128, x in R^100, hidden 2)", "",
+             f"`{meta['command']}` on {meta['machine']}, torch {meta['torch']}, 1 thread.", "",
+             "| model | configuration | steps/s | seed-steps/s | speed-up vs. seeds one after another (eager) | "
+             "published protocol (5e6 steps x 100 seeds), CPU-hours |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['config']} | {r['steps_per_s']:.0f} | {r['seed_steps_per_s']:.0f} | "
+                     f"{r['speedup_vs_sequential_eager']:.1f}x | {r['published_protocol_cpu_hours']:.0f} |")
+    lines += ["", "Speed-up: seed-steps per second over those of the faster single-seed eager baseline (the plain "
+              "loop or our trainer with E=1 and the reference backend), i.e. over training the seeds one after "
+              f"another. Madsen & Johansen report about {PUBLISHED_HOURS_PER_SEED:g} CPU-hours per seed "
+              f"({PUBLISHED_HOURS_PER_SEED * PUBLISHED_SEEDS:g} for 100 seeds) for the published protocol."]
+    with open(os.path.join(args.out, "training.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The nalu-cuda command: outputs, argument errors (exit code 2), resume and checkpoint safety."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nalu_cuda import cli
+from nalu_cuda.experiments import runner
+from nalu_cuda.experiments.static import static_config
+
+SMALL = dict(eval_every=20, n_valid=200, n_test=200, baseline_models=4, threshold_samples=5_000)
+TINY = ["--seeds", "2", "--steps", "40", "--eval-every", "20", "--n-test", "200", "--no-progress"]
+
+
+def _exit_code(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    return info.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["static", "--model", "transformer"], "unknown model"),
+    (["static", "--op", "pow"], "unknown operation"),
+    (["static", "--interp", "2", "1"], "empty range"),
+    (["static", "--interp", "1"], "pairs"),
+    (["static", "--interp", "1", "2", "--extrap", "1.2", "1.8"], "inside the training range"),
+    (["static", "--seeds", "0"], "must be at least 1"),
+    (["static", "--steps", "-5"], "must be at least 1"),
+    (["identity", "--model", "swish"], "unknown identity model"),
+    (["recurrent", "--model", "transformer"], "unknown model"),
+    (["recurrent", "--extrap-length", "5"], "inside training"),
+    (["reproduce", "--only", "nothing"], "unknown experiment"),
+    (["reproduce", "--profile", "huge"], "invalid choice"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_arguments_exit_2(argv, message, capsys, tmp_path):
+    code, err = _exit_code(argv + ["--out", str(tmp_path)] if argv[0] != "frobnicate" else argv, capsys)
+    assert code == 2
+    assert message in err
+
+
+def test_static_run_writes_every_output(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["static", "--model", "nac", "relu6", "--op", "add", "sub", *TINY, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    recs = summary["records"]
+    assert {(r["model"], r["op"]) for r in recs} == {("nac", "add"), ("nac", "sub"), ("relu6", "add"), ("relu6", "sub")}
+    for r in recs:
+        for k in ("experiment", "model", "op", "interp", "extrap", "seeds", "steps", "success_rate", "success_ci",
+                  "solved_at_median", "interp_error_median", "extrap_error_median", "divergence_rate"):
+            assert k in r, k
+    rows = (out / "per_seed_static.csv").read_text().strip().splitlines()
+    assert len(rows) == 1 + 2 * 2 * 2
+    report = (out / "report.md").read_text()
+    assert "Static arithmetic" in report and "Madsen" in report and "failed" not in report
+    assert (out / "static_error_vs_range.png").stat().st_size > 1000
+    # rerunning without --resume refuses to overwrite; --resume keeps the results
+    code, err = _exit_code(["static", "--model", "nac", "relu6", "--op", "add", "sub", *TINY, "--out", str(out)], capsys)
+    assert code == 2 and "--resume" in err
+    mtime = os.path.getmtime(runner.result_path(str(out), static_config("nac", ["add", "sub"], 2, 40, eval_every=20,
+                                                                           n_valid=200, n_test=200)))
+    assert cli.main(["static", "--model", "nac", "relu6", "--op", "add", "sub", *TINY, "--out", str(out), "--resume"]) == 0
+    assert os.path.getmtime(runner.result_path(str(out), static_config("nac", ["add", "sub"], 2, 40, eval_every=20,
+                                                                         n_valid=200, n_test=200))) == mtime
+
+
+def test_resume_gives_the_uninterrupted_result(tmp_path, monkeypatch):
+    cfg = static_config("nalu", ["add", "mul"], 2, 120, **SMALL)
+    ref = runner.run_one(cfg, str(tmp_path / "a"), progress=False, log=lambda m: None)
+
+    save = runner.atomic_torch_save
+    calls = []
+
+    def killed_after_third_checkpoint(path, obj):
+        save(path, obj)
+        calls.append(path)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "atomic_torch_save", killed_after_third_checkpoint)
+    b = str(tmp_path / "b")
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_one(cfg, b, progress=False, checkpoint_every_s=0, log=lambda m: None)
+    monkeypatch.setattr(runner, "atomic_torch_save", save)
+    assert os.path.exists(runner.checkpoint_path(b, cfg)) and not os.path.exists(runner.result_path(b, cfg))
+    with pytest.raises(runner.RunError, match="--resume"):
+        runner.run_one(cfg, b, progress=False, log=lambda m: None)
+    logs = []
+    res = runner.run_one(cfg, b, progress=False, resume=True, checkpoint_every_s=0, log=logs.append)
+    assert any("resumed at step 60" in m for m in logs)
+    assert res.records == ref.records
+    assert not os.path.exists(runner.checkpoint_path(b, cfg))
+
+
+def test_corrupt_or_mismatched_files_are_refused(tmp_path):
+    out = str(tmp_path)
+    cfg = static_config("nac", ["add"], 1, 20, **SMALL)
+    os.makedirs(runner.config_dir(out, cfg))
+    with open(runner.checkpoint_path(out, cfg), "wb") as f:
+        f.write(b"not a checkpoint")
+    with pytest.raises(runner.RunError, match="corrupt"):
+        runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
+    other = static_config("nac", ["add"], 1, 20, name=cfg.name, **{**SMALL, "lr": 0.5})
+    torch.save({"fingerprint": other.fingerprint(), "state": {}}, runner.checkpoint_path(out, cfg))
+    with pytest.raises(runner.RunError, match="different configuration"):
+        runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
+    os.unlink(runner.checkpoint_path(out, cfg))
+    with open(runner.result_path(out, cfg), "w") as f:
+        f.write('{"truncated": ')
+    with pytest.raises(runner.RunError, match="corrupt"):
+        runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
+    res = runner.run_one(cfg, out, overwrite=True, progress=False, log=lambda m: None)
+    assert len(res.records) == 1
+    runner.run_one(other, out, overwrite=True, progress=False, log=lambda m: None)
+    with pytest.raises(runner.RunError, match="different configuration"):
+        runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
+
+
+def test_list_and_module_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "nalu_cuda", "list"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr
+    for name in ("identity", "static", "recurrent"):
+        assert f"{name}:" in proc.stdout
