@@ -194,7 +194,9 @@ def train_ensemble(
     params = [p for p in model.parameters()]
     opt = FlatAdam(params, lr)
     any_diverged = False
-    diverged = torch.zeros(E, dtype=torch.bool)
+    dev = params[0].device
+    # Per-member flags on the training device (no host sync per step); statistics on the host.
+    diverged = torch.zeros(E, dtype=torch.bool, device=dev)
     best_val = torch.full((E,), math.inf, dtype=torch.float64)
     best_step = torch.zeros(E, dtype=torch.long)
     solved_at = torch.full((E,), -1, dtype=torch.long)
@@ -203,7 +205,7 @@ def train_ensemble(
     for t in tests:
         history[t.name] = []
     start = 0
-    loss_acc = torch.zeros(E, dtype=torch.float64)
+    loss_acc = torch.zeros(E, dtype=torch.float64, device=dev)
     loss_n = 0
     final_loss = torch.full((E,), math.nan, dtype=torch.float64)
     wall_before = 0.0
@@ -212,8 +214,10 @@ def train_ensemble(
     if ck is not None:
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
-        diverged, best_val, best_step, solved_at = ck["diverged"], ck["best_val"], ck["best_step"], ck["solved_at"]
-        best_state, history, start = ck["best_state"], ck["history"], ck["step"]
+        diverged = ck["diverged"].to(dev)
+        best_val, best_step, solved_at = ck["best_val"], ck["best_step"], ck["solved_at"]
+        best_state = {k: v.to(best_state[k].device) for k, v in ck["best_state"].items()}
+        history, start = ck["history"], ck["step"]
         final_loss, wall_before = ck["final_loss"], ck.get("wall_s", 0.0)
         if stream_state is not None:
             stream_state[1](ck["stream"])
@@ -234,7 +238,8 @@ def train_ensemble(
             test_vals[t.name] = tv
             history[t.name].append([step] + tv.tolist())
         model.train()
-        ok = torch.isfinite(v) & ~diverged
+        div = diverged.cpu()
+        ok = torch.isfinite(v) & ~div
         improved = ok & (v < best_val)
         if bool(improved.any()):
             best_val = torch.where(improved, v, best_val)
@@ -242,13 +247,13 @@ def train_ensemble(
             with torch.no_grad():
                 for k, p in model.state_dict().items():
                     if p.dim() >= 1 and p.shape[0] == E:
-                        best_state[k].copy_(torch.where(_member_view(improved, p), p, best_state[k]))
+                        best_state[k].copy_(torch.where(_member_view(improved.to(p.device), p), p, best_state[k]))
         if threshold is not None and solved_on is not None:
             tv = test_vals[solved_on]
-            newly = (solved_at < 0) & torch.isfinite(tv) & (tv < threshold) & ~diverged
+            newly = (solved_at < 0) & torch.isfinite(tv) & (tv < threshold) & ~div
             solved_at = torch.where(newly, torch.full_like(solved_at, step), solved_at)
         nonlocal any_diverged
-        any_diverged = bool(diverged.any())
+        any_diverged = bool(div.any())
         if any_diverged:  # freeze diverged members: no momentum left to move them
             for i in range(len(params)):
                 for mom in opt.moment_views(i):
@@ -256,7 +261,7 @@ def train_ensemble(
 
     def checkpoint(step: int) -> None:
         ctx.save_checkpoint({
-            "model": model.state_dict(), "opt": opt.state_dict(), "diverged": diverged, "best_val": best_val,
+            "model": model.state_dict(), "opt": opt.state_dict(), "diverged": diverged.cpu(), "best_val": best_val,
             "best_step": best_step, "solved_at": solved_at, "best_state": best_state, "history": history,
             "step": step, "final_loss": final_loss, "wall_s": wall_before + time.perf_counter() - t0,
             "stream": stream_state[0]() if stream_state is not None else None,
@@ -294,12 +299,12 @@ def train_ensemble(
             loss_acc += loss.detach().double()
             loss_n += 1
             if step % eval_every == 0 or step == steps:
-                final_loss = loss_acc / max(1, loss_n)
+                final_loss = (loss_acc / max(1, loss_n)).cpu()
                 loss_acc.zero_()
                 loss_n = 0
                 history["loss"].append([step] + final_loss.tolist())
                 evaluate(step)
-                fl = final_loss[torch.isfinite(final_loss) & ~diverged]
+                fl = final_loss[torch.isfinite(final_loss) & ~diverged.cpu()]
                 bar.set_postfix(loss=f"{fl.median().item():.3g}" if fl.numel() else "nan",
                                 solved=int((solved_at >= 0).sum()), div=int(diverged.sum()), refresh=False)
                 if step < steps and time.monotonic() - last_ck >= ctx.checkpoint_every_s:
@@ -308,6 +313,6 @@ def train_ensemble(
             bar.update(1)
     finally:
         bar.close()
-    return TrainResult(steps=steps, best_step=best_step, best_val=best_val, diverged=diverged.clone(),
+    return TrainResult(steps=steps, best_step=best_step, best_val=best_val, diverged=diverged.cpu().clone(),
                        solved_at=solved_at, final_loss=final_loss, history=history,
                        wall_s=wall_before + time.perf_counter() - t0, best_state=best_state)

@@ -53,7 +53,7 @@ def test_recurrent_members_equal_single_runs(model):
 
 
 def test_recurrent_nac_learns_subtraction_better_than_lstm():
-    nac = run_recurrent(recurrent_config("nac", ["sub"], 2, 500, lr=1e-2, **RSMALL), CTX).records
+    nac = run_recurrent(recurrent_config("nac", ["sub"], 2, 500, lr=3e-2, **RSMALL), CTX).records
     lstm = run_recurrent(recurrent_config("lstm", ["sub"], 2, 500, lr=1e-2, **RSMALL), CTX).records
     for r in nac + lstm:
         assert math.isfinite(r["threshold"]) and r["threshold"] > 0
