@@ -229,64 +229,96 @@ def subset_layout(seed: int, input_size: int, subset_ratio: float = 0.25, overla
 class UniformStream:
     """Per-member float32 uniform inputs, ``chunk`` steps at a time, from one SFC64 generator a member.
 
-    ``next()`` returns ``(E, *shape)`` for one step. Member ``e`` draws exactly what a single
-    stream with its seed draws (the chunk size is fixed, never derived from ``E``). The state for
-    ``--resume`` is the generators' state at the start of the current chunk plus the position in
-    it (:meth:`state_dict`), so a resumed stream continues bit for bit.
+    ``next()`` returns ``(E, *shape)`` for one step (with ``transform``: ``(x, extra)``, where
+    ``transform(chunk_array)`` computed ``extra`` for the whole chunk, e.g. the targets). Member
+    ``e`` draws exactly what a single stream with its seed draws (the chunk size is fixed, never
+    derived from ``E``). The state for ``--resume`` is the generators' state at the start of the
+    current chunk plus the position in it (:meth:`state_dict`), so a resumed stream continues bit
+    for bit.
+
+    ``prefetch=True`` draws the next chunk (and its ``transform``) on a background thread while
+    the current one is consumed: numpy releases the GIL while it fills arrays, so on a machine
+    with a spare core the data costs no training time. The values are the same either way.
 
     Floats come from the generator's raw 64-bit words: each gives two 32-bit words, whose top 23
     bits fill a float32 mantissa in [1, 2), mapped affinely to the range (a 2^-23 grid, the float32
-    resolution of U[1,2)). For a union of intervals, the low bit of the same word picks the
-    interval when there are two of equal length; otherwise a second draw does.
+    resolution of U[1,2); for U[1,2) itself no mapping is needed). For a union of intervals, the
+    low bit of the same word picks the interval when there are two of equal length; otherwise a
+    second draw does.
     """
 
     def __init__(self, seeds: Sequence[int], shape: Sequence[int], rng_range: Range, chunk: int = 16,
-                 purpose: str = "train"):
+                 purpose: str = "train", prefetch: bool = False,
+                 transform: Optional[Callable[[np.ndarray], np.ndarray]] = None):
         self.seeds = [int(s) for s in seeds]
         self.shape = tuple(int(s) for s in shape)
         self.range = rng_range
         self.chunk = int(chunk)
         self.purpose = purpose
+        self.transform = transform
         self._bitgens = [np.random.SFC64(seed_for(s, purpose)) for s in self.seeds]
         self._chunk_states = None
         self._buffer: Optional[Tensor] = None
+        self._extra: Optional[Tensor] = None
         self._pos = 0
         self._n = int(np.prod(self.shape))
+        self._pool = None
+        self._pending = None
+        if prefetch:
+            from concurrent.futures import ThreadPoolExecutor
 
-    def _fill(self) -> None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nalu-data")
+
+    def _generate(self):
         E = len(self.seeds)
         n = self.chunk * self._n
-        self._chunk_states = [bg.state for bg in self._bitgens]
+        states = [bg.state for bg in self._bitgens]
         out = np.empty((E, n), dtype=np.float32)
         for e, bg in enumerate(self._bitgens):
-            out[e] = self._draw(bg, n)
-        self._buffer = torch.from_numpy(out).view(E, self.chunk, *self.shape)
-        self._pos = 0
+            self._draw_into(bg, out[e])
+        arr = out.reshape(E, self.chunk, *self.shape)
+        extra = self.transform(arr) if self.transform is not None else None
+        return states, arr, extra
 
-    def _draw(self, bg: np.random.SFC64, n: int) -> np.ndarray:
+    def _fill(self) -> None:
+        if self._pending is not None:
+            states, arr, extra = self._pending.result()
+            self._pending = None
+        else:
+            states, arr, extra = self._generate()
+        self._chunk_states = states
+        self._buffer = torch.from_numpy(arr)
+        self._extra = None if extra is None else torch.from_numpy(np.ascontiguousarray(extra))
+        self._pos = 0
+        if self._pool is not None:
+            self._pending = self._pool.submit(self._generate)
+
+    def _draw_into(self, bg: np.random.SFC64, out: np.ndarray) -> None:
+        n = out.shape[0]
         words = bg.random_raw((n + 1) // 2).view(np.uint32)[:n]
         ivs = self.range.intervals
+        select = None
         if len(ivs) == 2 and math.isclose(ivs[0][1] - ivs[0][0], ivs[1][1] - ivs[1][0]):
             select = (words & np.uint32(1)).astype(bool)
-        else:
-            select = None
-        bits = (words >> np.uint32(9)) | np.uint32(0x3F800000)
-        f = bits.view(np.float32)
-        f -= np.float32(1.0)
+        bits = out.view(np.uint32)
+        np.right_shift(words, np.uint32(9), out=bits)
+        np.bitwise_or(bits, np.uint32(0x3F800000), out=bits)  # out now holds floats in [1, 2)
+        if ivs == ((1.0, 2.0),):
+            return
+        out -= np.float32(1.0)
         if len(ivs) == 1:
-            return self.range._map(f, None)
-        if select is None:
-            sel = np.random.Generator(bg).random(n)
-        else:
-            sel = np.where(select, 0.75, 0.25)
-        return self.range._map(f, None, select=sel)
+            self.range._map(out, None)
+            return
+        sel = np.random.Generator(bg).random(n) if select is None else np.where(select, 0.75, 0.25)
+        out[:] = self.range._map(out, None, select=sel)
 
-    def next(self) -> Tensor:
+    def next(self):
         if self._buffer is None or self._pos >= self.chunk:
             self._fill()
         x = self._buffer[:, self._pos]
+        extra = None if self._extra is None else self._extra[:, self._pos]
         self._pos += 1
-        return x
+        return x if self.transform is None else (x, extra)
 
     def state_dict(self) -> Dict:
         """Plain Python (ints, lists, dicts): loadable with ``torch.load(weights_only=True)``."""
@@ -296,12 +328,27 @@ class UniformStream:
     def load_state_dict(self, state: Dict) -> None:
         if len(state["states"]) != len(self._bitgens):
             raise ValueError("stream checkpoint has a different number of members")
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
         for bg, st in zip(self._bitgens, state["states"]):
             bg.state = _numpy_state(st)
         self._buffer = None
         if state["pos"] is not None:
             self._fill()
             self._pos = int(state["pos"])
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+            self._pending = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 def _plain_state(st: Dict) -> Dict:

@@ -75,7 +75,7 @@ def run_identity(cfg: Config, ctx: Context) -> RunOutput:
     model.reset_parameters(member_generators(seeds))
     model.to(dev)
     train = ar.parse_range(p["train_range"])
-    stream = ar.UniformStream(seeds, (p["batch"], 1), train, chunk=64)
+    stream = ar.UniformStream(seeds, (p["batch"], 1), train, chunk=64, prefetch=True)
 
     def batch_fn(step: int):
         x = stream.next().to(dev)
@@ -89,8 +89,12 @@ def run_identity(cfg: Config, ctx: Context) -> RunOutput:
     val = fixed("valid", torch.from_numpy(train.sample(rng, (p["n_valid"],))))
     grid = torch.linspace(p["fig_range"][0], p["fig_range"][1], p["fig_points"], dtype=torch.float64)
     fig = fixed("fig", grid)
-    res = train_ensemble(model, S, batch_fn, cfg.steps, val, [fig], lr=p["lr"], eval_every=p["eval_every"], ctx=ctx,
-                         desc=f"identity {cfg.name}", stream_state=(stream.state_dict, stream.load_state_dict))
+    try:
+        res = train_ensemble(model, S, batch_fn, cfg.steps, val, [fig], lr=p["lr"], eval_every=p["eval_every"],
+                             ctx=ctx, desc=f"identity {cfg.name}",
+                             stream_state=(stream.state_dict, stream.load_state_dict))
+    finally:
+        stream.close()
     model.load_state_dict(res.best_state)
     model.eval()
     with torch.no_grad():

@@ -77,10 +77,17 @@ def recurrent_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, 
     return Config("recurrent", name, int(seeds), int(steps), p)
 
 
-def _targets(x: torch.Tensor, masks: torch.Tensor, ops: Sequence[str]) -> torch.Tensor:
-    """``x`` ``(S, B, T, I)`` -> targets ``(len(ops) * S, B, 1)`` (float64 sums)."""
-    ab = torch.bmm(x.double().sum(-2), masks.double())
-    return torch.cat([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 0).unsqueeze(-1).float()
+def chunk_targets(masks: np.ndarray, ops: Sequence[str]):
+    """A stream ``transform``: inputs ``(S, C, B, T, I)`` -> targets ``(len(ops) * S, C, B, 1)``."""
+    S, I = masks.shape[0], masks.shape[1]
+
+    def transform(arr: np.ndarray) -> np.ndarray:
+        sums = arr.astype(np.float64).sum(-2)                     # (S, C, B, I)
+        ab = np.matmul(sums.reshape(S, -1, I), masks.astype(np.float64))
+        t = np.stack([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 0).astype(np.float32)
+        return t.reshape(len(ops) * S, *arr.shape[1:-2], 1)
+
+    return transform
 
 
 def _shared_targets(x: torch.Tensor, masks: torch.Tensor, ops: Sequence[str]) -> torch.Tensor:
@@ -106,12 +113,12 @@ def run_recurrent(cfg: Config, ctx: Context) -> RunOutput:
     model = build_recurrent_model(p["model"], I, hidden, ensemble=E, backend=p["backend"], eps=p["eps"])
     model.reset_parameters(member_generators(member_seeds))
     model.to(dev)
-    stream = ar.UniformStream(seeds, (p["batch"], T, I), interp, chunk=8)
-    masks_d = masks.to(dev)
+    stream = ar.UniformStream(seeds, (p["batch"], T, I), interp, chunk=8, prefetch=True,
+                              transform=chunk_targets(masks.numpy(), ops))
 
     def batch_fn(step: int):
-        x = stream.next().to(dev)
-        t = _targets(x, masks_d, ops)
+        x, t = stream.next()
+        x, t = x.to(dev), t.to(dev)
         return (x if len(ops) == 1 else x.repeat(len(ops), 1, 1, 1)), t
 
     def fixed(name: str, rng_range: ar.Range, n: int, length: int) -> EvalSet:
@@ -125,9 +132,12 @@ def run_recurrent(cfg: Config, ctx: Context) -> RunOutput:
     thresholds = {op: ar.recurrent_mse_threshold(op, extrap, L, I, p["subset_ratio"], p["overlap_ratio"],
                                                  samples=p["threshold_samples"]) for op in ops}
     thr = torch.tensor([thresholds[op] for op in ops for _ in seeds], dtype=torch.float64)
-    res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p["lr"], eval_every=p["eval_every"],
-                         threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"recurrent {cfg.name}", clip=p["clip"],
-                         stream_state=(stream.state_dict, stream.load_state_dict))
+    try:
+        res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p["lr"], eval_every=p["eval_every"],
+                             threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"recurrent {cfg.name}",
+                             clip=p["clip"], stream_state=(stream.state_dict, stream.load_state_dict))
+    finally:
+        stream.close()
     model.load_state_dict(res.best_state)
     interp_mse = evaluate_mse(model, test_i, E)
     extrap_mse = evaluate_mse(model, test_x, E)
