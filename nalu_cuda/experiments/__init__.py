@@ -26,6 +26,7 @@ EXPERIMENT_MODULES = [
     "identity",
     "static",
     "recurrent",
+    "digits", "language", "programs", "parity",
 ]
 
 

@@ -1,0 +1,525 @@
+"""Language to number (the paper's Table 3 and Fig. 3): English number words -> the number.
+
+Data: the 1000 numbers 0..999 written as words ("five hundred and fifteen" -> 515; tokens are the
+words, at most five). Split as in the paper: 169 training numbers (0..19 always, plus 149 drawn from
+20..999), 200 validation, 631 test, disjoint, fixed by ``split_seed``.
+
+Model: token embedding -> LSTM -> head, where the head reads the LSTM state after every token (its
+output after the last token is the prediction; after earlier tokens it is the running estimate of
+the paper's Fig. 3):
+
+* ``linear``: a linear layer on the last state (plain LSTM);
+* ``linear-sum``: a linear layer on the sum of the states so far (the paper's "summed-state LSTM"
+  baseline, which its appendix says generalised slightly better);
+* ``nac``: :class:`nalu_cuda.NAC` on the state;
+* ``nalu``: :class:`nalu_cuda.NALU` on the state (the paper's LSTM + NALU).
+
+Training: Adam on the whole training set, squared loss, for ``steps`` steps; every (layer size,
+learning rate, seed) is one ensemble member. Model selection uses validation data only: per seed,
+the (size, learning rate) whose best checkpoint has the lowest validation loss; and one overall
+model per head (lowest validation loss over everything) for the Fig. 3 view.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import replace
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+import nalu_cuda
+
+from . import registry
+from .exp2_common import (add_backend_argument, fmt_ci, fmt_num, interval_summary, resolve_backend, resolve_device,
+                          seed_list, train_ensemble)
+from .recurrent_units import EnsembleAdam, EnsembleEmbedding, EnsembleLinear, EnsembleLSTM, member_generators
+
+NAME = "language"
+HEADS = ("linear", "linear-sum", "nac", "nalu")
+
+ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+        "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+VOCAB = ["<pad>"] + ONES + TENS[2:] + ["hundred", "and"]
+TOKEN_ID = {w: i for i, w in enumerate(VOCAB)}
+MAX_TOKENS = 5
+SPLIT_SIZES = {"train": 169, "val": 200, "test": 631}
+
+
+def number_to_words(n: int) -> str:
+    """English words of ``0 <= n <= 999`` as in the paper: 515 -> "five hundred and fifteen"."""
+    if not isinstance(n, (int, np.integer)) or not 0 <= n <= 999:
+        raise ValueError(f"number_to_words: expected an integer in 0..999, got {n!r}")
+    n = int(n)
+    if n < 20:
+        return ONES[n]
+    if n < 100:
+        t, u = divmod(n, 10)
+        return TENS[t] if u == 0 else f"{TENS[t]} {ONES[u]}"
+    h, rest = divmod(n, 100)
+    head = f"{ONES[h]} hundred"
+    return head if rest == 0 else f"{head} and {number_to_words(rest)}"
+
+
+def encode(words: str) -> List[int]:
+    return [TOKEN_ID[w] for w in words.split()]
+
+
+def make_split(seed: int = 0) -> Dict[str, np.ndarray]:
+    """The paper's split of 0..999: train 169 (0..19 plus 149 of 20..999), validation 200, test 631."""
+    rng = np.random.default_rng(seed)
+    rest = rng.permutation(np.arange(20, 1000))
+    n_extra = SPLIT_SIZES["train"] - 20
+    train = np.concatenate([np.arange(20), rest[:n_extra]])
+    val = rest[n_extra:n_extra + SPLIT_SIZES["val"]]
+    test = rest[n_extra + SPLIT_SIZES["val"]:]
+    assert len(test) == SPLIT_SIZES["test"]
+    return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
+
+
+def tokens_tensor(numbers: Sequence[int]) -> Tuple[Tensor, Tensor]:
+    """Token ids ``(N, MAX_TOKENS)`` (right-padded with 0) and the valid-token mask."""
+    ids = torch.zeros(len(numbers), MAX_TOKENS, dtype=torch.long)
+    for i, n in enumerate(numbers):
+        t = encode(number_to_words(int(n)))
+        ids[i, :len(t)] = torch.tensor(t)
+    return ids, ids != 0
+
+
+class NumberReader(nn.Module):
+    """Embedding -> LSTM -> head, ``E`` members; ``forward`` gives the running estimate ``(E, N, T)``."""
+
+    def __init__(self, ensemble: int, head: str, emb: int, hidden: int, backend: str = "auto") -> None:
+        super().__init__()
+        if head not in HEADS:
+            raise ValueError(f"language: head must be one of {HEADS}, got {head!r}")
+        self.head_kind = head
+        self.embedding = EnsembleEmbedding(ensemble, len(VOCAB), emb)
+        self.lstm = EnsembleLSTM(ensemble, emb, hidden)
+        if head in ("linear", "linear-sum"):
+            self.head = EnsembleLinear(ensemble, hidden, 1)
+        elif head == "nac":
+            self.head = nalu_cuda.NAC(hidden, 1, ensemble=ensemble, backend=backend)
+        else:
+            self.head = nalu_cuda.NALU(hidden, 1, ensemble=ensemble, backend=backend)
+
+    def reset_parameters(self, seeds: Sequence[int]) -> None:
+        self.embedding.reset_parameters(member_generators(seeds, 41))
+        self.lstm.reset_parameters(member_generators(seeds, 42))
+        gens = member_generators(seeds, 43)
+        if isinstance(self.head, EnsembleLinear):
+            self.head.reset_parameters(gens)
+        else:
+            self.head.reset_parameters(gens)
+
+    def forward(self, tokens: Tensor, mask: Tensor) -> Tensor:
+        """``tokens``, ``mask``: ``(N, T)`` shared by all members -> running estimates ``(E, N, T)``."""
+        E = self.embedding.weight.shape[0]
+        tok = tokens.unsqueeze(0).expand(E, *tokens.shape)
+        m = mask.unsqueeze(0).expand(E, *mask.shape)
+        h = self.lstm(self.embedding(tok), m)  # (E, N, T, H); frozen after the last token
+        if self.head_kind == "linear-sum":
+            h = torch.cumsum(h * m.unsqueeze(-1).to(h.dtype), dim=2)
+        return self.head(h).squeeze(-1)
+
+    @torch.no_grad()
+    def nalu_gate(self, tokens: Tensor, mask: Tensor) -> Optional[Tensor]:
+        """Mean gate ``g`` of a NALU head on the final states, per member (1: additive path, 0: the
+        multiplicative one); ``None`` for other heads."""
+        if self.head_kind != "nalu":
+            return None
+        E = self.embedding.weight.shape[0]
+        tok = tokens.unsqueeze(0).expand(E, *tokens.shape)
+        m = mask.unsqueeze(0).expand(E, *mask.shape)
+        h = self.lstm(self.embedding(tok), m)[:, :, -1]  # (E, N, H)
+        G = self.head.G
+        g = torch.sigmoid(torch.bmm(h, G)) if self.head.gate == "input" else torch.sigmoid(G).unsqueeze(1)
+        return g.reshape(E, -1).mean(1)
+
+    def predict(self, tokens: Tensor, mask: Tensor) -> Tensor:
+        """The estimate after the last token, ``(E, N)``."""
+        return self.forward(tokens, mask)[:, :, -1]
+
+
+def _mae(pred: Tensor, target: Tensor) -> Tensor:
+    return torch.nan_to_num((pred - target).abs(), nan=float("inf")).mean(-1)
+
+
+BASE_PARAMS: Dict[str, Any] = {
+    "sizes": [[64, 10], [64, 20]],   # (embedding, LSTM units): the paper's 2 layer sizes
+    "lrs": [1e-3, 1e-2],             # the paper's 2 learning rates
+    "eval_every": 50,
+    "split_seed": 0,
+    "clip": 100.0,
+    "n_phrases": 5,
+}
+
+
+def fig3_numbers(test: Sequence[int], k: int = 5) -> List[int]:
+    """A few test numbers for the Fig. 3 view: compositional ones with "and", one without."""
+    test = sorted(int(t) for t in test)
+    with_and = [n for n in test if n > 100 and n % 100 >= 13]
+    picks = []
+    for target in (515, 745, 321, 999, 882, 463):  # spread over the range; nearest test number
+        if len(picks) >= k - 1 or not with_and:
+            break
+        n = min(with_and, key=lambda x: (abs(x - target), x))
+        if n not in picks:
+            picks.append(n)
+    two_digit = [n for n in test if 20 < n < 100]
+    if two_digit:
+        picks.append(two_digit[len(two_digit) // 2])
+    return picks[:k]
+
+
+def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
+    p = {**BASE_PARAMS, **config.params}
+    head = p["head"]
+    device = resolve_device(ctx)
+    dtype = getattr(torch, ctx.dtype or "float32")
+    backend = resolve_backend(config, ctx)
+    seeds = seed_list(config)
+    lrs = [float(x) for x in p["lrs"]]
+    sizes = [tuple(int(v) for v in s) for s in p["sizes"]]
+    split = make_split(int(p["split_seed"]))
+    data = {}
+    for part, nums in split.items():
+        tok, mask = tokens_tensor(nums)
+        data[part] = (tok.to(device), mask.to(device), torch.tensor(nums, dtype=dtype, device=device))
+
+    # members of one size: (lr, seed) pairs, seed-major inside each learning rate
+    members = [(lr, s) for lr in lrs for s in seeds]
+    E = len(members)
+    ck = ctx.load_checkpoint()
+    done: List[Dict[str, Any]] = [] if ck is None else list(ck.get("done", []))
+
+    for phase, (emb, hidden) in enumerate(sizes):
+        if phase < len(done):
+            continue
+
+        def save(obj, _phase=phase):
+            ctx.save_checkpoint({"phase": _phase, "done": done, "state": obj})
+
+        def load(_phase=phase):
+            c = ctx.load_checkpoint()
+            if c is None or c.get("phase") != _phase or c.get("state") is None:
+                return None
+            return c["state"]
+
+        sub = replace(ctx, save_checkpoint=save, load_checkpoint=load)
+        # members with the same seed share their initialisation across learning rates
+        model = NumberReader(E, head, emb, hidden, backend=backend)
+        model.reset_parameters([s for _, s in members])
+        model.to(device=device, dtype=dtype)
+        opt = EnsembleAdam(model.parameters(), E, [lr for lr, _ in members], clip=float(p["clip"]))
+        tr_tok, tr_mask, tr_y = data["train"]
+        va_tok, va_mask, va_y = data["val"]
+
+        def train_step(step: int) -> Tensor:
+            pred = model.predict(tr_tok, tr_mask)
+            return ((pred - tr_y) ** 2).mean(-1)
+
+        def validate() -> Tensor:
+            return ((model.predict(va_tok, va_mask) - va_y) ** 2).mean(-1)
+
+        res = train_ensemble(ctx=sub, model=model, opt=opt, ensemble=E, steps=config.steps,
+                             eval_every=int(p["eval_every"]), train_step=train_step, validate=validate,
+                             desc=f"language {head} {emb}x{hidden}")
+        with torch.no_grad():
+            out = {}
+            for part in ("train", "val", "test"):
+                tok, mask, y = data[part]
+                out[f"{part}_mae"] = _mae(model.predict(tok, mask), y).tolist()
+            te_tok, te_mask, te_y = data["test"]
+            pred = model.predict(te_tok, te_mask)
+            for lo, hi, key in ((20, 100, "test_mae_2digit"), (100, 1000, "test_mae_3digit")):
+                sel = (te_y >= lo) & (te_y < hi)
+                out[key] = _mae(pred[:, sel], te_y[sel]).tolist()
+            gate = model.nalu_gate(te_tok, te_mask)
+            if gate is not None:
+                out["nalu_gate_test"] = gate.tolist()
+            phrases = fig3_numbers(split["test"], int(p["n_phrases"]))
+            ph_tok, ph_mask = tokens_tensor(phrases)
+            running = model(ph_tok.to(device), ph_mask.to(device)).cpu()
+        done.append({"size": [emb, hidden], "val_loss": [float(v) for v in res.best.best],
+                     "best_step": [int(v) for v in res.best.best_step],
+                     "diverged": [bool(v) for v in res.diverged], "metrics": out,
+                     "phrases": phrases, "running": running.tolist(), "curves_val": res.curves.get("val_loss")})
+        ctx.save_checkpoint({"phase": phase + 1, "done": done, "state": None})
+
+    # model selection on validation: per seed over (size, lr); overall over everything
+    records = []
+    overall = None
+    for s in seeds:
+        best = None
+        for ph in done:
+            for i, (lr, ms) in enumerate(members):
+                if ms != s:
+                    continue
+                v = ph["val_loss"][i]
+                if math.isfinite(v) and (best is None or v < best[0]):
+                    best = (v, ph, i, lr)
+        rec: Dict[str, Any] = {"seed": s}
+        if best is None:
+            rec.update({"diverged": True})
+        else:
+            v, ph, i, lr = best
+            rec.update({"diverged": any(p2["diverged"][j] for p2 in done for j, (_, ms) in enumerate(members) if ms == s),
+                        "best_step": ph["best_step"][i], "val_mse": v, "chosen_lr": lr,
+                        "chosen_hidden": ph["size"][1], "chosen_emb": ph["size"][0]})
+            for k, vals in ph["metrics"].items():
+                rec[k] = float(vals[i])
+            if overall is None or v < overall[0]:
+                overall = (v, ph, i, lr, s)
+        records.append(rec)
+    extra: Dict[str, Any] = {"backend": backend, "split_sizes": {k: len(v) for k, v in split.items()},
+                             "members": [[lr, s] for lr, s in members], "sizes": [list(s) for s in sizes]}
+    if overall is not None:
+        v, ph, i, lr, s = overall
+        extra["selected"] = {"seed": s, "lr": lr, "size": ph["size"], "val_mse": v,
+                             **{k: float(vals[i]) for k, vals in ph["metrics"].items()}}
+        extra["fig3"] = [{"number": int(n), "words": number_to_words(int(n)),
+                          "running": [float(x) for x in ph["running"][i][j][:len(number_to_words(int(n)).split())]]}
+                         for j, n in enumerate(ph["phrases"])]
+    return registry.RunOutput(records=records, extra=extra)
+
+
+# ------------------------------------------------------------------------------------------------
+# Configurations
+# ------------------------------------------------------------------------------------------------
+
+PROFILES = {
+    # quick: 1000 steps instead of 300K, so the learning-rate grid is shifted up (at 1e-3 the linear
+    # heads cannot even reach the scale of the targets, 0..999, in 1000 steps)
+    "quick": {"seeds": 3, "steps": 1000, "params": {"lrs": [1e-2, 1e-1]}},
+    # the paper: 300K steps, 10 initialisations, embedding about 256
+    "paper": {"seeds": 10, "steps": 300_000, "params": {"sizes": [[256, 10], [256, 20]], "lrs": [1e-3, 1e-2],
+                                                         "eval_every": 1000}},
+}
+
+
+def make_configs(heads: Sequence[str], seeds: int, steps: int, **params) -> List[registry.Config]:
+    return [registry.Config(NAME, f"lstm-{h}", seeds, steps, {**params, "head": h}) for h in heads]
+
+
+def profile_configs(profile: str) -> List[registry.Config]:
+    if profile not in PROFILES:
+        raise ValueError(f"language: unknown profile {profile!r}")
+    pr = PROFILES[profile]
+    return make_configs(HEADS, pr["seeds"], pr["steps"], **pr["params"])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--heads", default=",".join(HEADS), help=f"comma-separated subset of {','.join(HEADS)}")
+    parser.add_argument("--hidden", default="10,20", help="LSTM sizes tried in model selection (comma-separated)")
+    parser.add_argument("--emb", type=int, default=64, help="embedding size")
+    parser.add_argument("--lrs", default="0.01,0.1", help="learning rates tried in model selection")
+    parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/validation/test split")
+    add_backend_argument(parser)
+
+
+def configs(args: argparse.Namespace) -> List[registry.Config]:
+    heads = [h.strip() for h in args.heads.split(",") if h.strip()]
+    bad = [h for h in heads if h not in HEADS]
+    if bad or not heads:
+        raise ValueError(f"--heads: expected a comma-separated subset of {','.join(HEADS)}, got {args.heads!r}")
+    try:
+        hidden = [int(x) for x in args.hidden.split(",") if x.strip()]
+        lrs = [float(x) for x in args.lrs.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError("--hidden takes integers and --lrs numbers, comma-separated") from None
+    if not hidden or min(hidden) < 1 or not lrs or min(lrs) <= 0 or args.emb < 1:
+        raise ValueError("--hidden, --emb and --lrs must be positive")
+    params: Dict[str, Any] = {"sizes": [[args.emb, h] for h in hidden], "lrs": lrs, "split_seed": args.split_seed}
+    if getattr(args, "backend", None):
+        params["backend"] = args.backend
+    seeds = args.seeds if args.seeds is not None else PROFILES["quick"]["seeds"]
+    steps = args.steps if args.steps is not None else PROFILES["quick"]["steps"]
+    return make_configs(heads, seeds, steps, **params)
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------
+
+CLAIM = ("Paper (Table 3): LSTM + NALU generalises best by a wide margin when translating number words "
+         "(0..999, 169 training examples) to numbers; the LSTM baseline is the summed-state LSTM; models "
+         "chosen by validation loss over 2 layer sizes, 2 learning rates and 10 initialisations, 300K Adam "
+         "steps. Fig. 3: the NALU's intermediate outputs track the value of the words read so far. The "
+         "table's values are not available here; we compare with these claims.")
+
+LABELS = {"linear": "LSTM + linear", "linear-sum": "LSTM (summed states) + linear", "nac": "LSTM + NAC",
+          "nalu": "LSTM + NALU"}
+
+
+def _verdict(by: Dict[str, registry.ConfigResult]) -> str:
+    nalu = by.get("nalu")
+    if nalu is None:
+        return ""
+    s_n = nalu.summary
+    lines = []
+    for base in ("linear", "linear-sum"):
+        b = by.get(base)
+        if b is None:
+            continue
+        s_b = b.summary
+        m_n, ci_n = s_n.get("test_mae_mean"), s_n.get("test_mae_ci") or [None, None]
+        m_b, ci_b = s_b.get("test_mae_mean"), s_b.get("test_mae_ci") or [None, None]
+        if m_n is None or m_b is None:
+            continue
+        clearly = ci_n[1] is not None and ci_b[0] is not None and ci_n[1] < ci_b[0]
+        sel_n = (nalu.extra or {}).get("selected", {}).get("test_mae")
+        sel_b = (b.extra or {}).get("selected", {}).get("test_mae")
+        txt = (f"LSTM + NALU test MAE {fmt_num(m_n)} vs {LABELS[base]} {fmt_num(m_b)} (mean over seeds; "
+               f"validation-selected single models: {fmt_num(sel_n)} vs {fmt_num(sel_b)}): ")
+        if clearly:
+            txt += "NALU clearly lower (the 95% intervals do not overlap), as the paper claims."
+        elif m_n < m_b:
+            txt += "NALU lower on average, but the intervals overlap, so not clearly below."
+        else:
+            txt += "NALU is NOT below the baseline here, contrary to the paper's claim."
+        lines.append(txt)
+    lines.extend(_why(by))
+    return "\n\n".join(lines)
+
+
+def _why(by: Dict[str, registry.ConfigResult]) -> List[str]:
+    """Diagnostics from the measured numbers that explain the comparison."""
+    out = []
+    nalu, nac = by.get("nalu"), by.get("nac")
+    steps = next(iter(by.values())).config.steps
+    if nalu is not None:
+        s = nalu.summary
+        gate = s.get("nalu_gate_test_mean")
+        tr, te = s.get("train_mae_mean"), s.get("test_mae_mean")
+        base_tr = [by[b].summary.get("train_mae_mean") for b in ("linear", "linear-sum") if b in by]
+        base_tr = [v for v in base_tr if v is not None]
+        txt = (f"Why (LSTM + NALU): train MAE {fmt_num(tr)}, test MAE {fmt_num(te)}"
+               + (f" (baselines' train MAE {', '.join(fmt_num(v) for v in base_tr)})" if base_tr else "") + ".")
+        if gate is not None:
+            path = "the multiplicative path" if gate < 0.5 else "the additive path"
+            txt += (f" Its mean gate on the test phrases is {gate:.2f} (1 = additive, 0 = multiplicative), so it "
+                    f"answers mostly through {path}")
+            if gate < 0.5:
+                txt += (": exp(W log|h|) on LSTM states bounded by 1 reaches hundreds only by dividing by small "
+                        "|h|, a mapping that fits the 169 training numbers but transfers poorly to unseen ones")
+            txt += "."
+        txt += (f" This run trains {steps} steps per model, the paper {300_000}; with so few steps the selection "
+                "favours whatever fits fastest, and the paper's claim is not reproduced at this budget.")
+        out.append(txt)
+    if nac is not None:
+        s = nac.summary
+        sizes = nac.config.params.get("sizes", BASE_PARAMS["sizes"])
+        width = max(int(h) for _, h in sizes)
+        out.append(f"Why (LSTM + NAC): with |h| <= 1 and NAC weights in [-1, 1] its output is bounded by the LSTM "
+                   f"width ({width} at most here), far below the targets (up to 999): train MAE "
+                   f"{fmt_num(s.get('train_mae_mean'))}.")
+    return out
+
+
+def _plot_fig3(by: Dict[str, registry.ConfigResult], out_dir: str) -> Optional[str]:
+    nalu = by.get("nalu")
+    if nalu is None or not (nalu.extra or {}).get("fig3"):
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return None
+    items = nalu.extra["fig3"]
+    fig, axes = plt.subplots(1, len(items), figsize=(3.2 * len(items), 3.2), squeeze=False)
+    for ax, it in zip(axes[0], items):
+        words = it["words"].split()
+        xs = list(range(len(words)))
+        for h, r in by.items():
+            f3 = {x["number"]: x for x in (r.extra or {}).get("fig3", [])}
+            if it["number"] in f3:
+                ax.plot(xs, f3[it["number"]]["running"], marker="o", label=LABELS.get(h, h))
+        ax.axhline(it["number"], color="k", lw=0.8, ls="--")
+        ax.set_xticks(xs)
+        ax.set_xticklabels(words, rotation=45, ha="right", fontsize=8)
+        ax.set_title(str(it["number"]), fontsize=9)
+    axes[0][0].set_ylabel("output after each token")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "language_fig3.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return os.path.basename(path)
+
+
+def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> str:
+    if not results:
+        return ""
+    by = {r.config.params.get("head"): r for r in results}
+    c0 = results[0].config
+    lines = [CLAIM, ""]
+    sizes = c0.params.get("sizes", BASE_PARAMS["sizes"])
+    lrs = c0.params.get("lrs", BASE_PARAMS["lrs"])
+    lines.append(f"Split {SPLIT_SIZES}; {c0.steps} full-batch Adam steps; model selection on validation loss "
+                 f"over sizes (embedding, LSTM) {sizes} and learning rates {lrs}; {c0.seeds} seeds. 'Mean over "
+                 "seeds' picks, for each seed, the size and learning rate with the lowest validation loss "
+                 "(95% Student-t intervals); 'selected' is the one model per head with the lowest "
+                 "validation loss overall.")
+    lines.append("")
+    lines.append("| model | test MAE (mean over seeds) | test MAE 20..99 | test MAE 100..999 | train MAE | "
+                 "validation MAE | selected model: test MAE | diverged |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for h in HEADS:
+        r = by.get(h)
+        if r is None:
+            continue
+        s = r.summary
+        sel = (r.extra or {}).get("selected", {})
+        lines.append(f"| {LABELS[h]} | {fmt_ci(s, 'test_mae')} | {fmt_ci(s, 'test_mae_2digit')} | "
+                     f"{fmt_ci(s, 'test_mae_3digit')} | {fmt_ci(s, 'train_mae')} | {fmt_ci(s, 'val_mae')} | "
+                     f"{fmt_num(sel.get('test_mae'))} | {s.get('diverged_count', 0)}/{s.get('seeds')} |")
+    lines.append("")
+    v = _verdict(by)
+    if v:
+        lines.append("Measured: " + v)
+        lines.append("")
+    # Fig. 3 as a table
+    nalu = by.get("nalu")
+    if nalu is not None and (nalu.extra or {}).get("fig3"):
+        lines.append("**Fig. 3 view**: output after each token of a few test phrases (never seen in training), "
+                     "validation-selected model of each head.")
+        lines.append("")
+        for it in nalu.extra["fig3"]:
+            words = it["words"].split()
+            lines.append(f"*{it['number']}*")
+            lines.append("")
+            lines.append("| model | " + " | ".join(words) + " |")
+            lines.append("|---|" + "---|" * len(words))
+            for h in HEADS:
+                r = by.get(h)
+                if r is None:
+                    continue
+                f3 = {x["number"]: x for x in (r.extra or {}).get("fig3", [])}
+                if it["number"] in f3:
+                    lines.append(f"| {LABELS[h]} | " + " | ".join(f"{x:.1f}" for x in f3[it["number"]]["running"]) + " |")
+            lines.append("")
+        png = _plot_fig3(by, out_dir)
+        if png:
+            lines.append(f"![running estimates after each token]({png})")
+            lines.append("")
+    return "\n".join(lines)
+
+
+EXPERIMENT = registry.register(registry.Experiment(
+    name=NAME,
+    help="language to number (Table 3, Fig. 3): embedding -> LSTM -> linear / NAC / NALU",
+    configs=configs,
+    profile_configs=profile_configs,
+    run=run,
+    add_arguments=add_arguments,
+    summarize=interval_summary,
+    report_section=report_section,
+    order=60,
+))

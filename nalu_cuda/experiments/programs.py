@@ -1,0 +1,406 @@
+"""Program evaluation (the paper's Fig. 4): read a small program character by character and output
+the value it prints.
+
+Tasks (``task``):
+
+* ``add``: plain addition of two integers, ``a=47;b=82;print(a+b)``;
+* ``program``: assignments, a conditional, addition and subtraction,
+  ``a=47;b=82;c=a-b if a>b else b-a;print(c+a)`` (the two expressions, the comparison and the
+  printed expression are drawn at random).
+
+Every generated program is valid Python and prints its target (the tests execute them).
+Training integers are drawn from [0, 100); the test uses 3-digit [100, 1000) and 4-digit
+[1000, 10000) integers, plus an interpolation test on fresh [0, 100) programs.
+
+Models (``model``): a character embedding, then
+
+* ``lstm``: LSTM, linear read-out of the last state;
+* ``ugrnn``: UGRNN (update-gate RNN, the paper's strongest baseline), linear read-out;
+* ``nalu``: LSTM with a :class:`nalu_cuda.NALU` read-out of the last state (the NALU-headed model).
+
+All seeds train as one ensemble (Adam, squared loss, fresh batches from a pool of training
+programs); the checkpoint kept per seed is the one with the lowest validation loss (held-out
+[0, 100) programs). Learning curves of every test domain are recorded for the Fig. 4 plot (mean
+over seeds with 2-sigma bands, as in the paper).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+import nalu_cuda
+
+from . import registry
+from .exp2_common import (add_backend_argument, fmt_ci, fmt_num, interval_summary, resolve_backend, resolve_device,
+                          seed_list, train_ensemble)
+from .recurrent_units import EnsembleAdam, EnsembleEmbedding, EnsembleLinear, ensemble_gather, make_recurrent, \
+    member_generators
+
+NAME = "programs"
+TASKS = ("add", "program")
+MODELS = ("lstm", "ugrnn", "nalu")
+DOMAINS = {"interp": (0, 100), "3digit": (100, 1000), "4digit": (1000, 10000)}
+CHARS = "0123456789abcdefghijklmnopqrstuvwxyz=;+-<>() "
+VOCAB = ["<pad>"] + list(CHARS)
+CHAR_ID = {c: i for i, c in enumerate(VOCAB) if i > 0}
+
+_EXPRS = ("a+b", "a-b", "b-a")
+_PRINTS = ("c", "c+a", "c-b")
+
+
+def make_program(task: str, rng: random.Random, low: int, high: int) -> Tuple[str, int]:
+    """One program with integers drawn uniformly from ``[low, high)``, and the value it prints."""
+    a, b = rng.randrange(low, high), rng.randrange(low, high)
+    if task == "add":
+        return f"a={a};b={b};print(a+b)", a + b
+    if task == "program":
+        cmp_ = rng.choice("<>")
+        e1, e2 = rng.choice(_EXPRS), rng.choice(_EXPRS)
+        out = rng.choice(_PRINTS)
+        env = {"a": a, "b": b}
+        cond = a < b if cmp_ == "<" else a > b
+        env["c"] = _eval_expr(e1 if cond else e2, env)
+        return f"a={a};b={b};c={e1} if a{cmp_}b else {e2};print({out})", _eval_expr(out, env)
+    raise ValueError(f"programs: task must be one of {TASKS}, got {task!r}")
+
+
+def _eval_expr(expr: str, env: Dict[str, int]) -> int:
+    """``x``, ``x+y`` or ``x-y`` over single-letter variables (no ``eval``)."""
+    for op in "+-":
+        if op in expr:
+            x, y = expr.split(op)
+            return env[x] + env[y] if op == "+" else env[x] - env[y]
+    return env[expr]
+
+
+def make_programs(task: str, n: int, low: int, high: int, seed: int) -> Tuple[List[str], List[int]]:
+    rng = random.Random(seed)
+    progs = [make_program(task, rng, low, high) for _ in range(n)]
+    return [p for p, _ in progs], [v for _, v in progs]
+
+
+def encode_programs(texts: Sequence[str]) -> Tuple[Tensor, Tensor]:
+    """Character ids ``(N, T)`` (right-padded with 0, ``T`` the longest program) and the valid mask."""
+    T = max(len(t) for t in texts)
+    ids = torch.zeros(len(texts), T, dtype=torch.long)
+    for i, t in enumerate(texts):
+        ids[i, :len(t)] = torch.tensor([CHAR_ID[c] for c in t])
+    return ids, ids != 0
+
+
+class ProgramReader(nn.Module):
+    """Character embedding -> recurrent layer -> read-out of the last state, ``E`` members."""
+
+    def __init__(self, ensemble: int, model: str, emb: int = 32, hidden: int = 32, backend: str = "auto",
+                 out_scale: float = 1.0) -> None:
+        super().__init__()
+        self.out_scale = float(out_scale)
+        if model not in MODELS:
+            raise ValueError(f"programs: model must be one of {MODELS}, got {model!r}")
+        self.kind = model
+        self.embedding = EnsembleEmbedding(ensemble, len(VOCAB), emb)
+        self.rec = make_recurrent("ugrnn" if model == "ugrnn" else "lstm", ensemble, emb, hidden)
+        if model == "nalu":
+            self.head = nalu_cuda.NALU(hidden, 1, ensemble=ensemble, backend=backend)
+        else:
+            self.head = EnsembleLinear(ensemble, hidden, 1)
+
+    def reset_parameters(self, seeds: Sequence[int]) -> None:
+        self.embedding.reset_parameters(member_generators(seeds, 51))
+        self.rec.reset_parameters(member_generators(seeds, 52))
+        self.head.reset_parameters(member_generators(seeds, 53))
+
+    def forward(self, tokens: Tensor, mask: Tensor) -> Tensor:
+        """``tokens``, ``mask``: ``(E, B, T)`` -> predictions ``(E, B)``."""
+        h = self.rec(self.embedding(tokens), mask)[:, :, -1]  # masked steps keep the state: last = final
+        return self.head(h).squeeze(-1) * self.out_scale
+
+
+BASE_PARAMS: Dict[str, Any] = {
+    "batch": 32,
+    "lr": 0.01,
+    "emb": 32,
+    "hidden": 32,
+    "out_scale": 100.0,     # fixed factor on every model's output, the same for all models: the
+                            # training range, so that linear read-outs start at the right scale
+    "clip": 100.0,
+    "pool": 20000,          # training programs generated once; batches are drawn from them
+    "n_val": 200,
+    "n_test": 1000,         # per test domain at the end
+    "n_curve": 100,         # per test domain at every evaluation (learning curves)
+    "eval_every": 50,
+    "data_seed": 0,
+}
+
+
+def _metrics(pred: Tensor, y: Tensor) -> Dict[str, Tensor]:
+    pred = torch.nan_to_num(pred, nan=float("inf"))
+    err = (pred - y).abs()
+    mae = err.mean(-1)
+    return {"acc": (pred.round() == y).float().mean(-1), "mae": mae, "relerr": mae / y.abs().mean().clamp_min(1e-12)}
+
+
+def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
+    p = {**BASE_PARAMS, **config.params}
+    task, kind = p["task"], p["model"]
+    device = resolve_device(ctx)
+    dtype = getattr(torch, ctx.dtype or "float32")
+    backend = resolve_backend(config, ctx)
+    seeds = seed_list(config)
+    E = len(seeds)
+    ds = int(p["data_seed"])
+    lo, hi = DOMAINS["interp"]
+    tr_text, tr_y = make_programs(task, int(p["pool"]), lo, hi, ds * 7919 + 1)
+    tr_tok, tr_mask = encode_programs(tr_text)
+    tr_tok, tr_mask = tr_tok.to(device), tr_mask.to(device)
+    tr_y = torch.tensor(tr_y, dtype=dtype, device=device)
+    va_text, va_y = make_programs(task, int(p["n_val"]), lo, hi, ds * 7919 + 2)
+
+    def as_set(texts, ys):
+        tok, mask = encode_programs(texts)
+        return (tok.to(device), mask.to(device), torch.tensor(ys, dtype=dtype, device=device))
+
+    val = as_set(va_text, va_y)
+    curve_sets = {d: as_set(*make_programs(task, int(p["n_curve"]), a, b, ds * 7919 + 10 + i))
+                  for i, (d, (a, b)) in enumerate(DOMAINS.items())}
+    test_sets = {d: as_set(*make_programs(task, int(p["n_test"]), a, b, ds * 7919 + 20 + i))
+                 for i, (d, (a, b)) in enumerate(DOMAINS.items())}
+
+    model = ProgramReader(E, kind, int(p["emb"]), int(p["hidden"]), backend=backend, out_scale=float(p["out_scale"]))
+    model.reset_parameters(seeds)
+    model.to(device=device, dtype=dtype)
+    opt = EnsembleAdam(model.parameters(), E, float(p["lr"]), clip=float(p["clip"]))
+    gens = member_generators(seeds, 54)
+    B = int(p["batch"])
+
+    def expand(t: Tensor) -> Tensor:
+        return t.unsqueeze(0).expand(E, *t.shape)
+
+    def train_step(step: int) -> Tensor:
+        idx = torch.stack([torch.randint(len(tr_y), (B,), generator=g) for g in gens]).to(device)  # (E, B)
+        tok = ensemble_gather(expand(tr_tok), idx)
+        mask = ensemble_gather(expand(tr_mask), idx)
+        T = int(mask.sum(-1).max())  # trim the padding this batch does not need
+        pred = model(tok[..., :T], mask[..., :T])
+        return ((pred - tr_y[idx]) ** 2).mean(-1)
+
+    def validate() -> Tensor:
+        tok, mask, y = val
+        return ((model(expand(tok), expand(mask)) - y) ** 2).mean(-1)
+
+    def on_eval(step: int) -> Dict[str, List[float]]:
+        out = {}
+        for d, (tok, mask, y) in curve_sets.items():
+            m = _metrics(model(expand(tok), expand(mask)), y)
+            out[f"{d}_acc"] = m["acc"].tolist()
+            out[f"{d}_relerr"] = [x if math.isfinite(x) else None for x in m["relerr"].tolist()]
+        return out
+
+    res = train_ensemble(ctx=ctx, model=model, opt=opt, ensemble=E, steps=config.steps, eval_every=int(p["eval_every"]),
+                         train_step=train_step, validate=validate, on_eval=on_eval,
+                         generators={f"data{i}": g for i, g in enumerate(gens)}, desc=f"programs {config.name}")
+    final = {}
+    with torch.no_grad():
+        for d, (tok, mask, y) in test_sets.items():
+            final[d] = _metrics(model(expand(tok), expand(mask)), y)
+    records = []
+    for e, s in enumerate(seeds):
+        rec: Dict[str, Any] = {"seed": s, "best_step": int(res.best.best_step[e]), "diverged": bool(res.diverged[e]),
+                               "interp_mse": float(res.best.best[e])}
+        for d, m in final.items():
+            for k, v in m.items():
+                rec[f"{k}_{d}"] = float(v[e])
+        rec["accuracy"] = rec["acc_interp"]
+        records.append(rec)
+    examples = {d: [make_program(task, random.Random(ds * 7919 + 30 + i), a, b)[0]] for i, (d, (a, b)) in
+                enumerate(DOMAINS.items())}
+    var = float(val[2].var(unbiased=False))  # validation MSE of the best constant prediction
+    return registry.RunOutput(records=records, extra={"backend": backend, "curves": res.curves, "examples": examples,
+                                                      "val_target_var": var})
+
+
+# ------------------------------------------------------------------------------------------------
+# Configurations
+# ------------------------------------------------------------------------------------------------
+
+PROFILES = {
+    "quick": {"seeds": 10, "steps": 500},
+    "paper": {"seeds": 10, "steps": 20000, "params": {"hidden": 64, "batch": 64, "eval_every": 500}},
+}
+
+
+def make_configs(tasks: Sequence[str], models: Sequence[str], seeds: int, steps: int, **params) -> List[registry.Config]:
+    return [registry.Config(NAME, f"{t}-{m}", seeds, steps, {**params, "task": t, "model": m})
+            for t in tasks for m in models]
+
+
+def profile_configs(profile: str) -> List[registry.Config]:
+    if profile not in PROFILES:
+        raise ValueError(f"programs: unknown profile {profile!r}")
+    pr = PROFILES[profile]
+    return make_configs(TASKS, MODELS, pr["seeds"], pr["steps"], **pr.get("params", {}))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", choices=TASKS + ("both",), default="both", help="add, program or both")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    parser.add_argument("--hidden", type=int, default=BASE_PARAMS["hidden"], help="recurrent units")
+    add_backend_argument(parser)
+
+
+def configs(args: argparse.Namespace) -> List[registry.Config]:
+    tasks = list(TASKS) if args.task == "both" else [args.task]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models or any(m not in MODELS for m in models):
+        raise ValueError(f"--models: expected a comma-separated subset of {','.join(MODELS)}, got {args.models!r}")
+    if args.hidden < 1:
+        raise ValueError(f"--hidden must be positive, got {args.hidden}")
+    params: Dict[str, Any] = {"hidden": args.hidden}
+    if getattr(args, "backend", None):
+        params["backend"] = args.backend
+    seeds = args.seeds if args.seeds is not None else PROFILES["quick"]["seeds"]
+    steps = args.steps if args.steps is not None else PROFILES["quick"]["steps"]
+    return make_configs(tasks, models, seeds, steps, **params)
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------
+
+CLAIM = ("Paper (Fig. 4): on programs of additions and on programs mixing assignments, conditionals, "
+         "addition and subtraction, trained on integers in [0, 100) and tested on 3- and 4-digit integers, "
+         "all models (UGRNN, LSTM, DNC, NALU) solve the training domain, the UGRNN beats the LSTM on "
+         "addition, and only the recurrent NALU extrapolates. 10 runs, 2-sigma bands. The figure's values "
+         "are not available here; we compare with these claims. (No DNC here.)")
+
+LABELS = {"lstm": "LSTM", "ugrnn": "UGRNN", "nalu": "LSTM + NALU"}
+
+
+def _plot(results: Sequence[registry.ConfigResult], out_dir: str) -> Optional[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return None
+    by = {(r.config.params.get("task"), r.config.params.get("model")): r for r in results}
+    tasks = [t for t in TASKS if any(k[0] == t for k in by)]
+    if not tasks:
+        return None
+    fig, axes = plt.subplots(2 * len(tasks), len(DOMAINS), figsize=(4 * len(DOMAINS), 3.0 * 2 * len(tasks)),
+                             squeeze=False)
+    for ti, task in enumerate(tasks):
+        for di, d in enumerate(DOMAINS):
+            for mi, metric in enumerate(("acc", "relerr")):
+                ax = axes[2 * ti + mi][di]
+                for m in MODELS:
+                    r = by.get((task, m))
+                    if r is None or not (r.extra or {}).get("curves"):
+                        continue
+                    cur = r.extra["curves"]
+                    vals = cur.get(f"{d}_{metric}")
+                    if not vals:
+                        continue
+                    arr = np.array([[np.nan if v is None else v for v in row] for row in vals], dtype=float)
+                    steps = np.array(cur["step"][:len(arr)])
+                    mean = np.nanmean(arr, axis=1)
+                    sd = np.nanstd(arr, axis=1)
+                    ax.plot(steps, mean, label=LABELS[m])
+                    lo, hi = mean - 2 * sd, mean + 2 * sd
+                    if metric == "acc":
+                        lo, hi = np.clip(lo, 0, 1), np.clip(hi, 0, 1)
+                    else:
+                        lo = np.maximum(lo, 1e-4)
+                    ax.fill_between(steps, lo, hi, alpha=0.2)
+                if metric == "relerr":
+                    ax.set_yscale("log")
+                lo_, hi_ = DOMAINS[d]
+                ax.set_title(f"{task}: {'accuracy' if metric == 'acc' else 'relative error'}, ints in [{lo_}, {hi_})",
+                             fontsize=8)
+                ax.set_xlabel("training step", fontsize=8)
+                if di == 0 and ti == 0 and mi == 0:
+                    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "programs_fig4.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return os.path.basename(path)
+
+
+def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> str:
+    if not results:
+        return ""
+    by = {(r.config.params.get("task"), r.config.params.get("model")): r for r in results}
+    c0 = results[0].config
+    lines = [CLAIM, ""]
+    lines.append(f"{c0.seeds} seeds per model, {c0.steps} steps; checkpoint per seed chosen on validation programs "
+                 "with integers in [0, 100); final test on 1000 programs per domain; mean over seeds with 95% "
+                 "Student-t intervals. Accuracy: rounded output equals the printed value. Relative error: MAE / "
+                 "mean |target|.")
+    lines.append("")
+    for task in TASKS:
+        rows = [m for m in MODELS if (task, m) in by]
+        if not rows:
+            continue
+        ex = (by[(task, rows[0])].extra or {}).get("examples", {})
+        if ex:
+            lines.append(f"**{task}** (e.g. `{ex.get('interp', [''])[0]}` / `{ex.get('4digit', [''])[0]}`)")
+        else:
+            lines.append(f"**{task}**")
+        lines.append("")
+        lines.append("| model | accuracy [0,100) | accuracy 3-digit | accuracy 4-digit | rel. error [0,100) | "
+                     "rel. error 3-digit | rel. error 4-digit | diverged |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for m in rows:
+            s = by[(task, m)].summary
+            lines.append(f"| {LABELS[m]} | " + " | ".join(fmt_ci(s, f"acc_{d}", pct=True) for d in DOMAINS) + " | "
+                         + " | ".join(fmt_ci(s, f"relerr_{d}") for d in DOMAINS)
+                         + f" | {s.get('diverged_count', 0)}/{s.get('seeds')} |")
+        lines.append("")
+        # verdict: which models extrapolate (relative error on 4-digit within 2x of interpolation)
+        verdict = []
+        for m in rows:
+            r = by[(task, m)]
+            s = r.summary
+            ri, r4 = s.get("relerr_interp_mean"), s.get("relerr_4digit_mean")
+            var, mse = (r.extra or {}).get("val_target_var"), s.get("interp_mse_mean")
+            if ri is None or r4 is None:
+                continue
+            r2 = None if not var or mse is None else 1 - mse / var
+            if r2 is not None and r2 < 0.5:
+                verdict.append(f"{LABELS[m]}: did not learn the training domain (validation R^2 {r2:.2f})")
+                continue
+            verdict.append(f"{LABELS[m]} {fmt_num(ri)} -> {fmt_num(r4)} "
+                           f"({'extrapolates' if r4 <= max(2 * ri, ri + 0.05) else 'does not extrapolate'})")
+        if verdict:
+            lines.append("Measured relative error, [0, 100) -> 4-digit: " + "; ".join(verdict) + ". 'Extrapolates' "
+                         "means the 4-digit relative error is at most twice the interpolation one (or within 0.05); "
+                         "a model has learned the training domain when its validation R^2 = 1 - MSE / Var(target) "
+                         "is at least 0.5.")
+            lines.append("")
+    png = _plot(results, out_dir)
+    if png:
+        lines.append(f"![learning curves per test domain, mean and 2-sigma bands over seeds]({png})")
+        lines.append("")
+    return "\n".join(lines)
+
+
+EXPERIMENT = registry.register(registry.Experiment(
+    name=NAME,
+    help="program evaluation (Fig. 4): LSTM, UGRNN and LSTM+NALU read code character by character",
+    configs=configs,
+    profile_configs=profile_configs,
+    run=run,
+    add_arguments=add_arguments,
+    summarize=interval_summary,
+    report_section=report_section,
+    order=70,
+))

@@ -1,0 +1,163 @@
+"""The ensemble building blocks of the Experiments II modules (``recurrent_units``): equal to
+PyTorch's own layers member by member, members independent, optimizer equal to torch's Adam."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from nalu_cuda.experiments.recurrent_units import (BestState, EnsembleAdam, EnsembleCNN, EnsembleGRU,
+                                                   EnsembleLinear, EnsembleLSTM, EnsembleUGRNN, RecurrentArithmetic,
+                                                   ensemble_gather, mean_ci, member_generators)
+
+
+def _gens(E):
+    return member_generators(range(E), 5)
+
+
+def test_lstm_matches_torch_lstm_per_member():
+    E, I, H = 3, 4, 5
+    ens = EnsembleLSTM(E, I, H)
+    ens.reset_parameters(_gens(E))
+    x = torch.randn(E, 2, 7, I)
+    out = ens(x)
+    for e in range(E):
+        ref = nn.LSTM(I, H, batch_first=True)
+        with torch.no_grad():
+            ref.weight_ih_l0.copy_(ens.x2h.weight[e].T)
+            ref.weight_hh_l0.copy_(ens.h2h.weight[e].T)
+            ref.bias_ih_l0.copy_(ens.x2h.bias[e])
+            ref.bias_hh_l0.zero_()
+        assert torch.allclose(out[e], ref(x[e])[0], atol=1e-6)
+
+
+def test_gru_matches_torch_gru_per_member():
+    E, I, H = 2, 3, 4
+    ens = EnsembleGRU(E, I, H)
+    ens.reset_parameters(_gens(E))
+    x = torch.randn(E, 3, 6, I)
+    out = ens(x)
+    for e in range(E):
+        ref = nn.GRU(I, H, batch_first=True)
+        with torch.no_grad():
+            ref.weight_ih_l0.copy_(ens.x2h.weight[e].T)
+            ref.weight_hh_l0.copy_(ens.h2h.weight[e].T)
+            ref.bias_ih_l0.copy_(ens.x2h.bias[e])
+            ref.bias_hh_l0.copy_(ens.h2h.bias[e])
+        assert torch.allclose(out[e], ref(x[e])[0], atol=1e-6)
+
+
+def test_ugrnn_update_rule():
+    ens = EnsembleUGRNN(1, 2, 3)
+    ens.reset_parameters(_gens(1))
+    x = torch.randn(1, 1, 2, 2)
+    out = ens(x)
+    h = torch.zeros(3)
+    for t in range(2):
+        z = x[0, 0, t] @ ens.x2h.weight[0] + ens.x2h.bias[0] + h @ ens.h2h.weight[0]
+        c, g = torch.tanh(z[:3]), torch.sigmoid(z[3:])
+        h = g * h + (1 - g) * c
+        assert torch.allclose(out[0, 0, t], h, atol=1e-6)
+
+
+def test_recurrent_nac_with_identity_weights_counts_exactly():
+    """A recurrent NAC with W = [[I], [I]] is an exact accumulator at any length."""
+    rec = RecurrentArithmetic(1, 3, 3, kind="nac")
+    with torch.no_grad():
+        eye = torch.eye(3)
+        W = torch.cat([eye, eye])  # (in + out, out)
+        rec.cell.W_hat.copy_(torch.where(W > 0, torch.tensor(20.0), torch.tensor(0.0)).unsqueeze(0))
+        rec.cell.M_hat.copy_(torch.where(W > 0, torch.tensor(40.0), torch.tensor(-40.0)).unsqueeze(0))
+    lab = torch.randint(3, (1, 2, 1000))
+    x = torch.nn.functional.one_hot(lab, 3).double()
+    rec.double()
+    out = rec(x)[:, :, -1]
+    assert torch.allclose(out, x.sum(2), atol=1e-6)
+
+
+def test_masked_steps_keep_the_state():
+    ens = EnsembleLSTM(2, 3, 4)
+    ens.reset_parameters(_gens(2))
+    x = torch.randn(2, 1, 5, 3)
+    mask = torch.tensor([[[True, True, False, False, False]]]).expand(2, 1, 5)
+    out = ens(x, mask)
+    assert torch.equal(out[:, :, 1], out[:, :, 4])
+    assert torch.allclose(out[:, :, 1], ens(x[:, :, :2])[:, :, 1])
+
+
+def test_members_do_not_depend_on_each_other_or_on_E():
+    big = EnsembleCNN(3, (8, 8), 4, channels=(2, 3), hidden=5)
+    big.reset_parameters(member_generators([0, 1, 2]))
+    one = EnsembleCNN(1, (8, 8), 4, channels=(2, 3), hidden=5)
+    one.reset_parameters(member_generators([2]))
+    x = torch.rand(3, 6, 8, 8)
+    y = big(x)
+    assert torch.allclose(y[2], one(x[2:3])[0], atol=1e-6)
+    x2 = x.clone()
+    x2[0] += 1
+    assert torch.equal(big(x2)[1:], y[1:])
+
+
+def test_ensemble_adam_equals_torch_adam_per_member():
+    torch.manual_seed(0)
+    lin = EnsembleLinear(2, 3, 2)
+    lin.reset_parameters(_gens(2))
+    refs = []
+    for e in range(2):
+        w = nn.Parameter(lin.weight[e].detach().clone())
+        b = nn.Parameter(lin.bias[e].detach().clone())
+        refs.append((w, b, torch.optim.Adam([w, b], lr=[0.01, 0.1][e])))
+    opt = EnsembleAdam(lin.parameters(), 2, [0.01, 0.1])
+    for _ in range(5):
+        x = torch.randn(2, 4, 3)
+        opt.zero_grad()
+        (lin(x) ** 2).sum().backward()
+        opt.step()
+        for e, (w, b, o) in enumerate(refs):
+            o.zero_grad()
+            ((x[e] @ w + b) ** 2).sum().backward()
+            o.step()
+    for e, (w, b, _) in enumerate(refs):
+        assert torch.allclose(lin.weight[e], w, atol=1e-6) and torch.allclose(lin.bias[e], b, atol=1e-6)
+
+
+def test_ensemble_adam_clips_per_member():
+    lin = EnsembleLinear(2, 1, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.zero_()
+    opt = EnsembleAdam(lin.parameters(), 2, 1.0, clip=1.0)
+    lin.weight.grad = torch.tensor([[[100.0]], [[0.5]]])
+    opt.step()
+    # Adam's first step moves by lr * sign regardless of scale; clipping must not mix the members
+    assert torch.allclose(lin.weight.detach().flatten(), torch.tensor([-1.0, -1.0]), atol=1e-4)
+
+
+def test_best_state_restores_per_member():
+    lin = EnsembleLinear(3, 2, 2)
+    lin.reset_parameters(_gens(3))
+    best = BestState(lin, 3)
+    first = lin.weight.detach().clone()
+    best.update(torch.tensor([1.0, 1.0, 1.0]), 0)
+    with torch.no_grad():
+        lin.weight.add_(1)
+    best.update(torch.tensor([0.5, 2.0, float("nan")]), 10)
+    with torch.no_grad():
+        lin.weight.add_(1)
+    best.restore()
+    assert torch.allclose(lin.weight[0], first[0] + 1)
+    assert torch.equal(lin.weight[1], first[1]) and torch.equal(lin.weight[2], first[2])
+    assert best.best_step.tolist() == [10, 0, 0]
+
+
+def test_ensemble_gather():
+    table = torch.arange(2 * 4 * 3).reshape(2, 4, 3)
+    idx = torch.tensor([[3, 0], [1, 1]])
+    out = ensemble_gather(table, idx)
+    assert torch.equal(out[0], table[0, [3, 0]]) and torch.equal(out[1], table[1, [1, 1]])
+
+
+def test_mean_ci():
+    m, lo, hi = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and lo == pytest.approx(2 - 4.302653 / math.sqrt(3), rel=1e-5)
+    assert mean_ci([5.0]) == (5.0, 5.0, 5.0)
+    assert mean_ci([float("nan"), None]) == (None, None, None)
