@@ -1,7 +1,8 @@
 """Training throughput on the static arithmetic task: one seed vs. 100 seeds as one ensemble.
 
 What one "step" is, for every row: draw a fresh batch of 128 inputs in R^100 per seed (U[1,2]),
-compute the targets a + b, forward and backward through a two-layer model of hidden size 2, check
+compute the targets a + b (both on the stream's background thread, as ``nalu-cuda static`` does;
+``--no-prefetch`` draws them on the training thread), forward and backward through a two-layer model of hidden size 2, check
 every member for NaN/Inf, and take an Adam step: exactly the loop of
 ``nalu_cuda.experiments.training.train_ensemble`` used by ``nalu-cuda static`` (a tiny validation
 set is evaluated once at the start and once at the end).
@@ -46,6 +47,7 @@ import nalu_cuda  # noqa: E402
 from nalu_cuda.experiments import arithmetic as ar  # noqa: E402
 from nalu_cuda.experiments.ensemble import build_static_model, member_generators  # noqa: E402
 from nalu_cuda.experiments.registry import Context  # noqa: E402
+from nalu_cuda.experiments.static import chunk_targets  # noqa: E402
 from nalu_cuda.experiments.training import EvalSet, train_ensemble  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,7 +55,7 @@ I, B = 100, 128
 PUBLISHED_STEPS, PUBLISHED_SEEDS, PUBLISHED_HOURS_PER_SEED = 5_000_000, 100, 8.0
 
 
-def _trainer_rate(model_name: str, E: int, backend: str, steps: int) -> float:
+def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: bool = True) -> float:
     """Steps per second of train_ensemble for E seeds (timed over `steps` after a warm-up run)."""
     seeds = list(range(E))
     masks = torch.stack([ar.subset_layout(s, I).mask() for s in seeds])
@@ -66,15 +68,17 @@ def _trainer_rate(model_name: str, E: int, backend: str, steps: int) -> float:
     def run(n: int) -> float:
         model = build_static_model(model_name, I, 2, ensemble=E, backend=backend)
         model.reset_parameters(member_generators(seeds))
-        stream = ar.UniformStream(seeds, (B, I), interp, chunk=16)
+        stream = ar.UniformStream(seeds, (B, I), interp, chunk=16, prefetch=prefetch,
+                                  transform=chunk_targets(masks.numpy(), ["add"]))
 
         def batch_fn(step):
-            x = stream.next()
-            ab = torch.bmm(x, masks)
-            return x, (ab[..., :1] + ab[..., 1:])
+            return stream.next()
 
         t0 = time.perf_counter()
-        train_ensemble(model, E, batch_fn, n, val, lr=1e-3, eval_every=n, ctx=ctx)
+        try:
+            train_ensemble(model, E, batch_fn, n, val, lr=1e-3, eval_every=n, ctx=ctx)
+        finally:
+            stream.close()
         return time.perf_counter() - t0
 
     run(max(20, steps // 10))  # warm-up (allocations, first-call dispatch)
@@ -113,6 +117,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=["nac", "nalu"], choices=["nac", "nalu"])
     ap.add_argument("--repeats", type=int, default=3, help="repeats per measurement; the median is reported")
     ap.add_argument("--quick", action="store_true", help="one repeat (smoke test)")
+    ap.add_argument("--no-prefetch", action="store_true", help="draw data on the training thread")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="output directory")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -126,16 +131,18 @@ def main(argv=None) -> int:
 
         meas = {}
         meas["plain"] = med(lambda: _plain_rate(model, args.steps))
-        meas["1-reference"] = med(lambda: _trainer_rate(model, 1, "reference", args.steps))
-        meas["1-fused"] = med(lambda: _trainer_rate(model, 1, "fused", args.steps))
+        meas["1-reference"] = med(lambda: _trainer_rate(model, 1, "reference", args.steps, not args.no_prefetch))
+        meas["1-fused"] = med(lambda: _trainer_rate(model, 1, "fused", args.steps, not args.no_prefetch))
         ens_steps = max(50, args.steps // 4)
-        meas[f"{E}-reference"] = med(lambda: _trainer_rate(model, E, "reference", ens_steps))
-        meas[f"{E}-fused"] = med(lambda: _trainer_rate(model, E, "fused", ens_steps))
+        meas[f"{E}-reference"] = med(lambda: _trainer_rate(model, E, "reference", ens_steps, not args.no_prefetch))
+        meas[f"{E}-fused"] = med(lambda: _trainer_rate(model, E, "fused", ens_steps, not args.no_prefetch))
         baseline = max(meas["plain"][0], meas["1-reference"][0])  # the faster single-seed eager run
         for key, (rate, vals) in meas.items():
             seeds = E if key.startswith(f"{E}-") else 1
-            label = {"plain": "1 seed, plain eager loop (user script)"}.get(
-                key, f"{seeds} seed{'s' if seeds > 1 else ''}, {key.split('-')[1]}" + (" ensemble" if seeds > 1 else ""))
+            if key == "plain":
+                label = "1 seed, plain eager loop (user script)"
+            else:
+                label = f"{seeds} seed{'s' if seeds > 1 else ''}, {key.split('-')[1]}" + (" ensemble" if seeds > 1 else "")
             rows.append({
                 "model": model, "config": label, "seeds": seeds, "steps_per_s": rate,
                 "seed_steps_per_s": rate * seeds, "speedup_vs_sequential_eager": rate * seeds / baseline,
@@ -146,7 +153,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     meta = {"torch": torch.__version__, "nalu_cuda": nalu_cuda.__version__, "threads": 1,
             "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs ({platform.processor()})",
-            "steps": args.steps, "ensemble": E, "batch": B, "inputs": I,
+            "steps": args.steps, "ensemble": E, "batch": B, "inputs": I, "prefetch": not args.no_prefetch,
             "command": "python benchmarks/bench_training.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     with open(os.path.join(args.out, "training.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)

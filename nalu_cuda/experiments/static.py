@@ -48,6 +48,7 @@ DEFAULTS: Dict[str, Any] = dict(
     interp=[[1.0, 2.0]], extrap=[[2.0, 6.0]], input_size=100, subset_ratio=0.25, overlap_ratio=0.5, hidden=2,
     lr=1e-3, batch=128, eval_every=1000, n_valid=10_000, n_test=10_000, baseline_models=100, seed_offset=0,
     data_seed=0, backend="auto", eps=1e-7, threshold_samples=1_000_000, threshold_layout="task",
+    lr_milestones=[], lr_gamma=0.1,
 )
 
 _THRESHOLD_CACHE: Dict[tuple, float] = {}
@@ -169,7 +170,8 @@ def run_static(cfg: Config, ctx: Context) -> RunOutput:
     try:
         res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p["lr"], eval_every=p["eval_every"],
                              threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"static {cfg.name}",
-                             stream_state=(stream.state_dict, stream.load_state_dict))
+                             stream_state=(stream.state_dict, stream.load_state_dict),
+                             lr_milestones=p["lr_milestones"], lr_gamma=p["lr_gamma"])
     finally:
         stream.close()
 
@@ -328,18 +330,25 @@ def _pairs(vals: Sequence[float]) -> List[List[float]]:
     return ar.parse_range(vals, "range").to_list()
 
 
+QUICK_NAC_ADD_STEPS = 200_000
+
+
 def profile_configs(profile: str) -> List[Config]:
+    """``quick``: Madsen & Johansen's protocol (Adam 1e-3, batch 128, U[1,2] -> U[2,6]) at budgets
+    that fit a 2-core CPU in minutes; NAC+ on a + b gets the steps it needs to meet the strict
+    criterion (the other cells stop far earlier than the published 5e6). ``paper``: every model
+    on every operation, 100 seeds x 5e6 steps, plus the range stress test (50 seeds)."""
     if profile == "quick":
-        q = dict(eval_every=500, n_valid=5000, n_test=5000, baseline_models=50, threshold_samples=400_000)
-        cfgs = [
-            static_config("nac", ["add", "sub"], 16, 10_000, **q),
-            static_config("nac-mul", ["mul", "squared"], 16, 10_000, **q),
-            static_config("nalu", list(ar.OPS), 10, 10_000, **q),
-            static_config("nalu-separate-indgate", ["add", "sub", "mul"], 10, 10_000, **q),
-            static_config("relu6", ["add", "mul"], 8, 5_000, **q),
-            static_config("linear", ["add", "mul"], 8, 5_000, **q),
+        q = dict(n_valid=5000, n_test=5000, baseline_models=50, threshold_samples=400_000)
+        return [
+            static_config("nac", ["add"], 16, QUICK_NAC_ADD_STEPS, eval_every=2000, **q),
+            static_config("nac", ["sub"], 16, 20_000, eval_every=1000, **q),
+            static_config("nac-mul", ["mul", "div", "squared", "root"], 10, 20_000, eval_every=1000, **q),
+            static_config("nalu", list(ar.OPS), 10, 10_000, eval_every=500, **q),
+            static_config("nalu-separate-indgate", ["add", "sub", "mul"], 10, 10_000, eval_every=500, **q),
+            static_config("relu6", ["add", "mul"], 8, 5_000, eval_every=500, **q),
+            static_config("linear", ["add", "mul"], 8, 5_000, eval_every=500, **q),
         ]
-        return cfgs
     if profile == "paper":
         cfgs = [static_config(m, list(ar.OPS), 100, 5_000_000) for m in
                 ("linear", "relu", "relu6", "nac", "nac-mul", "nalu", "nalu-separate", "nalu-indgate",
@@ -382,16 +391,19 @@ def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
         is_default = s.get("published_threshold") is not None
         mad = MADSEN_SUCCESS.get(key) if is_default else None
         inalu = INALU_SUCCESS.get(key) if is_default else None
+        lr_txt = f"{s.get('lr', 1e-3):g}" + (" (decayed)" if s.get("lr_milestones") else "")
         rows.append([s["model"], ar.OP_SYMBOLS[s["op"]], f"{s['interp']} -> {s['extrap']}",
-                     f"{s['seeds']} x {s['steps']:g}", fmt_rate(s),
+                     f"{s['seeds']} x {s['steps']:g}, lr {lr_txt}", fmt_rate(s),
                      "-" if mad is None else f"{100 * mad:.0f}%", "-" if inalu is None else f"{100 * inalu:.0f}%",
                      fmt_num(s.get("solved_at_median")), fmt_num(s.get("sparsity_error_solved_mean")),
                      fmt_rate(s, "diverged"), fmt_num(s.get("interp_error_median")),
                      fmt_num(s.get("extrap_error_median"))])
     out += ["Success = extrapolation MSE at the best-validation step below the epsilon-perfect threshold. "
-            "Madsen & Johansen: 100 seeds x 5e6 steps; iNALU: 70 runs, success = extrapolation MSE < 1e-5 "
-            "(a different criterion). A dash: no sourced number for that cell. Errors are medians over seeds "
-            "of the paper's normalised error (100 = random initialisation).", "",
+            "Madsen & Johansen: 100 seeds x 5e6 steps (Adam, lr 1e-3, batch 128); iNALU: 70 runs, success = "
+            "extrapolation MSE < 1e-5 (a different criterion). A dash: no sourced number for that cell. Errors "
+            "are medians over seeds of the paper's normalised error (100 = random initialisation). **Budgets "
+            "differ**: where our steps are fewer than 5e6, a lower success rate than Madsen's may only mean "
+            "'not yet converged'; the 'solved at' column and the error columns show how far each run got.", "",
             md_table(["model", "op", "ranges", "seeds x steps", "success (ours) [95% CI]", "Madsen", "iNALU",
                       "solved at (median)", "sparsity err. (solved)", "diverged", "interp. error",
                       "extrap. error"], rows)]
@@ -422,7 +434,8 @@ def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
                 return s
         return None
 
-    mlps = [s for r, s in default if s["model"] in MLP_MODELS]
+    # A linear network represents + and - exactly, so it is no "standard nonlinear network" there.
+    mlps = [s for r, s in default if s["model"] in MLP_MODELS and not (s["model"] == "linear" and s["op"] in ("add", "sub"))]
     if mlps:
         ok = all((s.get("interp_error_median") or 1e9) < 10 and (s.get("success_rate") or 0) == 0
                  and (s.get("extrap_error_median") or 0) > 10 * (s.get("interp_error_median") or 0) for s in mlps)
@@ -430,12 +443,22 @@ def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
                        f"extrap {fmt_num(s.get('extrap_error_median'))}, success {100 * (s.get('success_rate') or 0):.0f}%"
                        for s in mlps)
         claims.append(claim_row("Standard networks interpolate but fail to extrapolate",
-                                "every MLP: median interp. error < 10, extrap. error > 10x interp., 0% success", ev, ok))
+                                "every MLP (a linear one on * only): median interp. error < 10, extrap. error > 10x "
+                                "interp., 0% success", ev, ok))
     nac = [find("nac", op) for op in ("add", "sub")]
-    if all(nac):
+    nac = [s for s in nac if s]
+    if nac:
         ok = all(s["success_rate"] >= 0.95 for s in nac)
-        claims.append(claim_row("NAC+ solves a + b and a - b", "success >= 95% on both (the issue's bar)",
-                                "; ".join(f"{ar.OP_SYMBOLS[s['op']]}: {fmt_rate(s)}" for s in nac), ok))
+        claims.append(claim_row("NAC+ solves " + " and ".join(ar.OP_SYMBOLS[s["op"]] for s in nac),
+                                "Madsen's success >= 95% (the issue's bar)",
+                                "; ".join(f"{ar.OP_SYMBOLS[s['op']]}: {fmt_rate(s)}, solved at "
+                                          f"{fmt_num(s.get('solved_at_median'))}" for s in nac), ok))
+        ok2 = all((s.get("extrap_error_median") if s.get("extrap_error_median") is not None else 1e9) < 1.0
+                  for s in nac)
+        claims.append(claim_row("... by the paper's own metric", "median normalised extrapolation error < 1 "
+                                "(1% of a random model's error; the table values themselves are not available)",
+                                "; ".join(f"{ar.OP_SYMBOLS[s['op']]}: {fmt_num(s.get('extrap_error_median'))}"
+                                          for s in nac), ok2))
     nalu_mul = [find("nalu", op) for op in ("mul", "div", "squared", "root")]
     nalu_mul = [s for s in nalu_mul if s]
     if nalu_mul:

@@ -182,13 +182,16 @@ def train_ensemble(
     desc: str = "train",
     clip: Optional[float] = None,
     stream_state: Optional[Tuple[Callable[[], dict], Callable[[dict], None]]] = None,
+    lr_milestones: Sequence[float] = (),
+    lr_gamma: float = 0.1,
 ) -> TrainResult:
     """Train ``model`` (``(E, B, ...) -> (E, B, 1)``) for ``steps`` Adam steps.
 
     ``batch_fn(step)`` gives one training batch ``(x, t)``. ``val`` drives model selection;
     ``tests`` are evaluated at the same steps (history only). ``threshold`` ``(E,)`` with
     ``solved_on`` (a test name) gives ``solved_at``. ``stream_state`` = (get, set) of the data
-    stream's state, saved in checkpoints.
+    stream's state, saved in checkpoints. ``lr_milestones``: fractions of ``steps`` after which
+    the learning rate is multiplied by ``lr_gamma`` (none: constant, the published protocol).
     """
     ctx = ctx or Context(device="cpu", work_dir=".", progress=False)
     params = [p for p in model.parameters()]
@@ -271,7 +274,9 @@ def train_ensemble(
         evaluate(0)
     bar = progress_bar(steps, desc, ctx.progress, initial=start)
     try:
+        bounds = sorted(int(round(f * steps)) for f in lr_milestones)
         for step in range(start + 1, steps + 1):
+            opt.lr = lr * lr_gamma ** sum(step > b for b in bounds)
             x, target = batch_fn(step)
             y = model(x)
             err = (y - target).reshape(E, -1)
