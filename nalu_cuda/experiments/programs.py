@@ -335,6 +335,9 @@ def _plot(results: Sequence[registry.ConfigResult], out_dir: str) -> Optional[st
     return os.path.basename(path)
 
 
+LEARNED_R2 = 0.8  # validation R^2 from which a model counts as having learned the training domain
+
+
 def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> str:
     if not results:
         return ""
@@ -375,7 +378,7 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
             if ri is None or r4 is None:
                 continue
             r2 = None if not var or mse is None else 1 - mse / var
-            if r2 is not None and r2 < 0.5:
+            if r2 is not None and r2 < LEARNED_R2:
                 verdict.append(f"{LABELS[m]}: did not learn the training domain (validation R^2 {r2:.2f})")
                 continue
             verdict.append(f"{LABELS[m]} {fmt_num(ri)} -> {fmt_num(r4)} "
@@ -384,7 +387,7 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
             lines.append("Measured relative error, [0, 100) -> 4-digit: " + "; ".join(verdict) + ". 'Extrapolates' "
                          "means the 4-digit relative error is at most twice the interpolation one (or within 0.05); "
                          "a model has learned the training domain when its validation R^2 = 1 - MSE / Var(target) "
-                         "is at least 0.5.")
+                         f"is at least {LEARNED_R2}.")
             lines.append("")
     png = _plot(results, out_dir)
     if png:

@@ -370,6 +370,8 @@ class EnsembleAdam:
     @torch.no_grad()
     def step(self) -> None:
         self.t += 1
+        if not self.params:
+            return
         E = self.E
         grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(E, -1) for p in self.params]
         if self.clip is not None:
