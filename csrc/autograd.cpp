@@ -71,12 +71,14 @@ class NacMulFunction : public torch::autograd::Function<NacMulFunction> {
     ctx->save_for_backward({x, W_hat, M_hat, y, lx});
     ctx->saved_data["eps"] = eps;
     ctx->mark_non_differentiable({lx});
+    ctx->set_materialize_grads(false);  // no zero-filled gradients for lx
     return {y, lx};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     static auto op = find_op<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
                                                                 const Tensor&, const Tensor&, const Tensor&,
                                                                 double, bool)>("nalu_cuda::nac_mul_backward");
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
     auto s = ctx->get_saved_variables();
     const bool need_x = ctx->needs_input_grad(0);
     auto [gx, gw, gm] = op.call(grads[0], s[0], s[1], s[2], s[3], s[4], ctx->saved_data["eps"].toDouble(), need_x);
@@ -100,6 +102,7 @@ class NaluFunction : public torch::autograd::Function<NaluFunction> {
     ctx->saved_data["input_gate"] = input_gate;
     ctx->saved_data["separate"] = W_hat_m.has_value();
     ctx->mark_non_differentiable({a, m, g, lx});
+    ctx->set_materialize_grads(false);  // no zero-filled gradients for a, m, g, lx
     return {y, a, m, g, lx};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -107,6 +110,7 @@ class NaluFunction : public torch::autograd::Function<NaluFunction> {
         const Tensor&, const Tensor&, const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
         const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, bool, bool)>(
         "nalu_cuda::nalu_backward");
+    if (!grads[0].defined()) return variable_list(8);
     auto s = ctx->get_saved_variables();
     const bool separate = ctx->saved_data["separate"].toBool();
     const OptTensor W_hat_m = separate ? OptTensor(s[3]) : c10::nullopt;

@@ -1,14 +1,58 @@
 // module.cpp: the Python module nalu_cuda._C. Importing it loads this library, whose static
-// initialisers register the ops with the dispatcher (they are reached as torch.ops.nalu_cuda.*);
-// the module itself only reports how the library was built.
-#include <pybind11/pybind11.h>
+// initialisers register the ops with the dispatcher (reached as torch.ops.nalu_cuda.*).
+//
+// It also binds the forward ops directly with pybind11, for eager calls from nalu_cuda.functional:
+// each binding makes the same typed call into the dispatcher that torch.ops does (so autograd,
+// autocast and every device's kernel apply), but skips torch.ops' generic per-call argument
+// parsing, which costs more than the whole fused forward at the paper's layer sizes. torch.compile
+// must see the ops themselves, so functional.py uses torch.ops while compiling.
+#include <torch/extension.h>
+
+#include <tuple>
 
 #ifndef NALU_CUDA_VERSION
 #define NALU_CUDA_VERSION "unknown"
 #endif
 
+namespace {
+
+using at::Tensor;
+using OptTensor = c10::optional<Tensor>;
+
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> find_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
+Tensor nac_weight(const Tensor& W_hat, const Tensor& M_hat) {
+  static auto op = find_op<Tensor(const Tensor&, const Tensor&)>("nalu_cuda::nac_weight");
+  return op.call(W_hat, M_hat);
+}
+
+Tensor nac(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat) {
+  static auto op = find_op<Tensor(const Tensor&, const Tensor&, const Tensor&)>("nalu_cuda::nac_forward");
+  return op.call(x, W_hat, M_hat);
+}
+
+Tensor nac_mul(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, double eps) {
+  static auto op = find_op<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double)>(
+      "nalu_cuda::nac_mul_forward");
+  return std::get<0>(op.call(x, W_hat, M_hat, eps));
+}
+
+Tensor nalu(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m,
+            const OptTensor& M_hat_m, const Tensor& G, double eps, bool input_gate) {
+  static auto op =
+      find_op<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                                 const OptTensor&, const OptTensor&, const Tensor&,
+                                                                 double, bool)>("nalu_cuda::nalu_forward");
+  return std::get<0>(op.call(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate));
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "nalu_cuda native ops (registered as torch.ops.nalu_cuda.*)";
+  m.doc() = "nalu_cuda native ops (registered as torch.ops.nalu_cuda.*) and fast eager entry points";
   m.def("build_info", []() {
     pybind11::dict info;
     info["version"] = NALU_CUDA_VERSION;
@@ -24,4 +68,10 @@ PYBIND11_MODULE(_C, m) {
 #endif
     return info;
   });
+  using release = pybind11::call_guard<pybind11::gil_scoped_release>;
+  // Each returns the op's first result (y); the others are saved for backward by autograd.
+  m.def("nac_weight", &nac_weight, release());
+  m.def("nac", &nac, release());
+  m.def("nac_mul", &nac_mul, release());
+  m.def("nalu", &nalu, release());
 }

@@ -17,20 +17,22 @@ import torch
 from torch import Tensor
 
 ops = None  # torch.ops.nalu_cuda once loaded
+fast = None  # nalu_cuda._C: direct eager entry points of the forward ops (see csrc/module.cpp)
 LOAD_ERROR: Optional[BaseException] = None
 BUILD_INFO: dict = {}
 
 
 def _load() -> None:
-    global ops, BUILD_INFO
+    global ops, fast, BUILD_INFO
     path = os.environ.get("NALU_CUDA_LIBRARY")
     if path:
         torch.ops.load_library(path)
         BUILD_INFO = {"library": os.path.basename(path)}
     else:
-        from . import _C  # noqa: F401  (loading it registers the ops)
+        from . import _C  # loading it registers the ops
 
         BUILD_INFO = dict(_C.build_info())
+        fast = _C
     ops = torch.ops.nalu_cuda
 
 

@@ -145,17 +145,21 @@ template <typename T, bool ADD, bool MUL, Gate GATE>
 void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs<T>& out) {
   const int64_t I = s.I, O = s.O, N = s.N;
   at::parallel_for(0, s.E * N, grain_for(I * (O + 1) * 3), [&](int64_t r0, int64_t r1) {
+    if constexpr (MUL) {
+      // The logs of the whole chunk in one flat loop: one scalar remainder, not one per row.
+      const T* xs = p.x + r0 * I;
+      T* ls = out.lx + r0 * I;
+      const int64_t len = (r1 - r0) * I;
+#pragma omp simd
+      for (int64_t k = 0; k < len; ++k) ls[k] = nm::log_abs(xs[k], eps);
+    }
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t e = r / N;
       const T* xr = p.x + r * I;
       const T* w = p.W + e * O * I;
       const T* wm = p.Wm + e * O * I;
       const T* gt = GATE == Gate::kInput ? p.G + e * O * I : nullptr;
-      T* l = MUL ? out.lx + r * I : nullptr;
-      if constexpr (MUL) {
-#pragma omp simd
-        for (int64_t i = 0; i < I; ++i) l[i] = nm::log_abs(xr[i], eps);
-      }
+      const T* l = MUL ? out.lx + r * I : nullptr;
       for (int64_t j = 0; j < O; ++j) {
         T acc_a = 0, acc_u = 0, acc_z = 0;
 #pragma omp simd reduction(+ : acc_a, acc_u, acc_z)
@@ -343,33 +347,28 @@ void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Sav
 // Tensor-level drivers
 // ---------------------------------------------------------------------------------------------
 
-// The constructed weights of a call in the layout of its path, the gate matrix in the same
-// layout, and sigmoid(G) for an independent gate.
-struct BuiltWeights {
+// The constructed weights of a blas-path call, (E, I, O) tensors (bmm needs tensors), and
+// sigmoid(G) for an independent gate.
+struct BlasWeights {
   at::Tensor W, Wm, G, gind;
 };
 
-BuiltWeights build_weights(const LayerKind& kind, const LayerShape& s, const LayerParams& p, bool transpose) {
+BlasWeights blas_weights(const LayerKind& kind, const LayerShape& s, const LayerParams& p) {
   const bool sep = kind.add && kind.mul && !kind.tied;
-  const int64_t n = s.E * s.I * s.O;
   auto opts = p.W_hat.options();
-  BuiltWeights b;
+  BlasWeights b;
   dispatch_float(p.W_hat.scalar_type(), [&]<typename T>() {
     auto build = [&](const at::Tensor& wh, const at::Tensor& mh) {
       at::Tensor w = at::empty({s.E, s.I, s.O}, opts);
-      build_weight<T>(wh.contiguous().const_data_ptr<T>(), mh.contiguous().const_data_ptr<T>(), w.data_ptr<T>(), n);
-      if (!transpose) return w;
-      at::Tensor wt = at::empty({s.E, s.O, s.I}, opts);
-      transpose_last2<T>(w.const_data_ptr<T>(), wt.data_ptr<T>(), s.E, s.I, s.O);
-      return wt;
+      build_weight<T>(wh.contiguous().const_data_ptr<T>(), mh.contiguous().const_data_ptr<T>(), w.data_ptr<T>(),
+                      w.numel());
+      return w;
     };
     b.W = build(p.W_hat, p.M_hat);
     b.Wm = sep ? build(p.W_hat_m, p.M_hat_m) : b.W;
-    if (kind.gate == Gate::kInput) {
-      at::Tensor g3 = p.G.reshape({s.E, s.I, s.O});
-      b.G = transpose ? g3.transpose(1, 2).contiguous() : g3.contiguous();
-    } else if (kind.gate == Gate::kIndependent) {
-      b.gind = at::empty({s.E, s.O}, opts);
+    if (kind.gate == Gate::kInput) b.G = p.G.contiguous().view({s.E, s.I, s.O});
+    if (kind.gate == Gate::kIndependent) {
+      b.gind = at::empty(p.G.sizes(), opts);
       const T* gp = p.G.contiguous().const_data_ptr<T>();
       T* out = b.gind.data_ptr<T>();
       for (int64_t k = 0; k < s.E * s.O; ++k) out[k] = nm::sigmoid(gp[k]);
@@ -378,15 +377,42 @@ BuiltWeights build_weights(const LayerKind& kind, const LayerShape& s, const Lay
   return b;
 }
 
+// The constructed weights of a rowwise-path call, transposed to (E, O, I), in one scratch buffer
+// (no tensor allocations: at the paper's sizes they would cost more than the math).
 template <typename T>
-Ptrs<T> ptrs_of(const at::Tensor& x3, const BuiltWeights& b) {
-  Ptrs<T> ptr;
-  ptr.x = x3.const_data_ptr<T>();
-  ptr.W = b.W.const_data_ptr<T>();
-  ptr.Wm = b.Wm.const_data_ptr<T>();
-  if (b.G.defined()) ptr.G = b.G.const_data_ptr<T>();
-  if (b.gind.defined()) ptr.gind = b.gind.const_data_ptr<T>();
-  return ptr;
+struct RowwiseWeights {
+  std::vector<T> buf;
+  Ptrs<T> ptrs;
+};
+
+template <typename T>
+RowwiseWeights<T> rowwise_weights(const LayerKind& kind, const LayerShape& s, const LayerParams& p, const T* x) {
+  const bool sep = kind.add && kind.mul && !kind.tied;
+  const int64_t n = s.E * s.I * s.O;
+  const int64_t mats = 1 + (sep ? 1 : 0) + (kind.gate == Gate::kInput ? 1 : 0);
+  RowwiseWeights<T> r;
+  r.buf.resize(static_cast<size_t>(n * (mats + 1) + s.E * s.O));
+  T* tmp = r.buf.data() + n * mats;  // (E, I, O) before transposing
+  T* next = r.buf.data();
+  auto build_t = [&](const at::Tensor& wh, const at::Tensor& mh) {
+    build_weight<T>(wh.contiguous().const_data_ptr<T>(), mh.contiguous().const_data_ptr<T>(), tmp, n);
+    transpose_last2<T>(tmp, next, s.E, s.I, s.O);
+    next += n;
+    return next - n;
+  };
+  r.ptrs.x = x;
+  r.ptrs.W = build_t(p.W_hat, p.M_hat);
+  r.ptrs.Wm = sep ? build_t(p.W_hat_m, p.M_hat_m) : r.ptrs.W;
+  if (kind.gate == Gate::kInput) {
+    transpose_last2<T>(p.G.contiguous().const_data_ptr<T>(), next, s.E, s.I, s.O);
+    r.ptrs.G = next;
+  } else if (kind.gate == Gate::kIndependent) {
+    T* g = tmp + n;
+    const T* gp = p.G.contiguous().const_data_ptr<T>();
+    for (int64_t k = 0; k < s.E * s.O; ++k) g[k] = nm::sigmoid(gp[k]);
+    r.ptrs.gind = g;
+  }
+  return r;
 }
 
 template <typename T>
@@ -399,34 +425,44 @@ const T* cptr_or_null(const at::Tensor& t) {
   return t.defined() ? t.const_data_ptr<T>() : nullptr;
 }
 
-// blas path, forward: products by bmm, then one fused epilogue (exp, sigmoid, blend).
+// blas path, forward: products by bmm, then one fused epilogue (exp, sigmoid, blend). The
+// outputs have the caller's shapes; bmm writes them through (E, N, O) / (E, N, I) views.
 template <typename T>
-void blas_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& x3, const BuiltWeights& b,
-                  const Ptrs<T>& ptr, T eps, Forward& f) {
+void blas_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& x3, const BlasWeights& b, T eps,
+                  Forward& f) {
+  const int64_t count = s.E * s.N * s.O;
+  at::Tensor y3 = f.y.view({s.E, s.N, s.O});
+  at::Tensor lx3 = kind.mul ? f.lx.view({s.E, s.N, s.I}) : at::Tensor();
   if (kind.mul) {
+    const T* x = x3.const_data_ptr<T>();
     T* lx = f.lx.data_ptr<T>();
-    parallel_simd(x3.numel(), 32, [=](int64_t k) { lx[k] = nm::log_abs(ptr.x[k], eps); });
+    parallel_simd(x3.numel(), 32, [=](int64_t k) { lx[k] = nm::log_abs(x[k], eps); });
   }
   if (!kind.mul) {  // NAC+
-    at::bmm_out(f.y, x3, b.W);
+    at::bmm_out(y3, x3, b.W);
     return;
   }
   if (!kind.add) {  // NAC*
-    at::bmm_out(f.y, f.lx, b.W);
+    at::bmm_out(y3, lx3, b.W);
     T* y = f.y.data_ptr<T>();
-    parallel_simd(f.y.numel(), 32, [=](int64_t k) { y[k] = nm::exp_(y[k]); });
+    parallel_simd(count, 32, [=](int64_t k) { y[k] = nm::exp_(y[k]); });
     return;
   }
-  at::bmm_out(f.a, x3, b.W);
-  at::bmm_out(f.m, f.lx, b.Wm);                              // u, exponentiated below
-  if (kind.gate == Gate::kInput) at::bmm_out(f.g, x3, b.G);  // z, squashed below
+  at::Tensor a3 = f.a.view({s.E, s.N, s.O});
+  at::Tensor u3 = f.m.view({s.E, s.N, s.O});  // u, exponentiated below
+  at::bmm_out(a3, x3, b.W);
+  at::bmm_out(u3, lx3, b.Wm);
+  if (kind.gate == Gate::kInput) {
+    at::Tensor z3 = f.g.view({s.E, s.N, s.O});  // z, squashed below
+    at::bmm_out(z3, x3, b.G);
+  }
   const T* a = f.a.const_data_ptr<T>();
   T* m = f.m.data_ptr<T>();
   T* y = f.y.data_ptr<T>();
   const int64_t O = s.O, NO = s.N * s.O;
   if (kind.gate == Gate::kInput) {
     T* g = f.g.data_ptr<T>();
-    parallel_simd(f.y.numel(), 64, [=](int64_t k) {
+    parallel_simd(count, 64, [=](int64_t k) {
       const T mv = nm::exp_(m[k]);
       const T gv = nm::sigmoid(g[k]);
       m[k] = mv;
@@ -434,8 +470,8 @@ void blas_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& 
       y[k] = nm::blend(a[k], mv, gv);
     });
   } else {
-    const T* gind = ptr.gind;
-    parallel_simd(f.y.numel(), 32, [=](int64_t k) {
+    const T* gind = b.gind.const_data_ptr<T>();
+    parallel_simd(count, 32, [=](int64_t k) {
       const T mv = nm::exp_(m[k]);
       m[k] = mv;
       y[k] = nm::blend(a[k], mv, gind[(k / NO) * O + k % O]);
@@ -444,11 +480,11 @@ void blas_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& 
 }
 
 // blas path, backward: a fused prologue (da, du, dz), products by bmm, a fused x-gradient epilogue.
+// dW, dWm: gradients w.r.t. W, W_m, (E, I, O); dG: w.r.t. G in G's shape; dx in x's shape.
 template <typename T>
-void blas_backward(const LayerKind& kind, const LayerShape& s, bool sep, const at::Tensor& x3,
-                   const at::Tensor& dy3, const BuiltWeights& b, const Ptrs<T>& ptr, const SavedPtrs<T>& sv,
-                   const at::Tensor& lx3, T eps, bool compute_grad_x, at::Tensor& dx, at::Tensor& dW,
-                   at::Tensor& dWm, at::Tensor& dG) {
+void blas_backward(const LayerKind& kind, const LayerShape& s, bool sep, const at::Tensor& x3, const at::Tensor& dy,
+                   const BlasWeights& b, const SavedPtrs<T>& sv, const at::Tensor& lx, T eps, at::Tensor dx,
+                   at::Tensor dW, at::Tensor dWm, at::Tensor dG) {
   auto opts = x3.options();
   const int64_t O = s.O, NO = s.N * s.O, count = s.E * NO;
   at::Tensor da = kind.add ? at::empty({s.E, s.N, s.O}, opts) : at::Tensor();
@@ -457,7 +493,7 @@ void blas_backward(const LayerKind& kind, const LayerShape& s, bool sep, const a
   T* dap = ptr_or_null<T>(da);
   T* dup = ptr_or_null<T>(du);
   T* dzp = ptr_or_null<T>(dz);
-  const T* dyp = dy3.const_data_ptr<T>();
+  const T* dyp = dy.const_data_ptr<T>();
   dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
     parallel_simd(count, 16, [=](int64_t k) {
       T dav = 0, duv = 0, dzv = 0;
@@ -471,7 +507,7 @@ void blas_backward(const LayerKind& kind, const LayerShape& s, bool sep, const a
   at::Tensor xt = x3.transpose(1, 2);
   if (kind.add) at::bmm_out(dW, xt, da);
   if (kind.mul) {
-    at::Tensor lxt = lx3.transpose(1, 2);
+    at::Tensor lxt = lx.view({s.E, s.N, s.I}).transpose(1, 2);
     if (sep) {
       at::bmm_out(dWm, lxt, du);
     } else if (kind.add) {
@@ -480,17 +516,24 @@ void blas_backward(const LayerKind& kind, const LayerShape& s, bool sep, const a
       at::bmm_out(dW, lxt, du);
     }
   }
-  if (kind.gate == Gate::kInput) at::bmm_out(dG, xt, dz);
-  if (kind.gate == Gate::kIndependent) at::sum_out(dG, dz, {1});
-  if (!compute_grad_x) return;
+  if (kind.gate == Gate::kInput) {
+    at::Tensor dG3 = dG.view({s.E, s.I, s.O});
+    at::bmm_out(dG3, xt, dz);
+  }
+  if (kind.gate == Gate::kIndependent) {
+    at::Tensor dG2 = dG.view({s.E, s.O});
+    at::sum_out(dG2, dz, {1});
+  }
+  if (!dx.defined()) return;
+  at::Tensor dx3 = dx.view({s.E, s.N, s.I});
   if (kind.add) {
-    at::bmm_out(dx, da, b.W.transpose(1, 2));
-    if (kind.gate == Gate::kInput) dx.baddbmm_(dz, b.G.transpose(1, 2));
+    at::bmm_out(dx3, da, b.W.transpose(1, 2));
+    if (kind.gate == Gate::kInput) dx3.baddbmm_(dz, b.G.transpose(1, 2));
   }
   if (kind.mul) {
     at::Tensor t = at::bmm(du, b.Wm.transpose(1, 2));
     const T* tp = t.const_data_ptr<T>();
-    const T* xp = ptr.x;
+    const T* xp = x3.const_data_ptr<T>();
     T* dxp = dx.data_ptr<T>();
     if (kind.add) {
       parallel_simd(dx.numel(), 8, [=](int64_t k) { dxp[k] += tp[k] * nm::log_abs_grad(xp[k], eps); });
@@ -500,29 +543,44 @@ void blas_backward(const LayerKind& kind, const LayerShape& s, bool sep, const a
   }
 }
 
+// grad_W_hat, grad_M_hat from dW (E, I, O), through the weight construction.
+template <typename T>
+void weight_backward_into(const T* dW, const at::Tensor& W_hat, const at::Tensor& M_hat, at::Tensor& gw,
+                          at::Tensor& gm) {
+  gw = at::empty(W_hat.sizes(), W_hat.options());
+  gm = at::empty(W_hat.sizes(), W_hat.options());
+  weight_backward_pass<T>(dW, W_hat.contiguous().const_data_ptr<T>(), M_hat.contiguous().const_data_ptr<T>(),
+                          gw.data_ptr<T>(), gm.data_ptr<T>(), gw.numel());
+}
+
 }  // namespace
 
 Forward layer_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& x, const LayerParams& p,
                       double eps) {
-  const bool use_rowwise = rowwise(s);
   const bool nalu = kind.add && kind.mul;
-  at::Tensor x3 = x.contiguous().view({s.E, s.N, s.I});
-  BuiltWeights b = build_weights(kind, s, p, /*transpose=*/use_rowwise);
+  const at::Tensor xc = x.contiguous();
   auto opts = x.options();
+  // Outputs in the caller's shapes; kernels see them as contiguous (E, N, O) / (E, N, I).
   Forward f;
-  f.y = at::empty({s.E, s.N, s.O}, opts);
-  if (kind.mul) f.lx = at::empty({s.E, s.N, s.I}, opts);
+  f.y = at::empty(s.out_sizes, opts);
+  if (kind.mul) f.lx = at::empty(x.sizes(), opts);
   if (nalu) {
-    f.a = at::empty({s.E, s.N, s.O}, opts);
-    f.m = at::empty({s.E, s.N, s.O}, opts);
-    f.g = kind.gate == Gate::kInput ? at::empty({s.E, s.N, s.O}, opts) : b.gind;
+    f.a = at::empty(s.out_sizes, opts);
+    f.m = at::empty(s.out_sizes, opts);
+    if (kind.gate == Gate::kInput) f.g = at::empty(s.out_sizes, opts);
   }
   dispatch_float(x.scalar_type(), [&]<typename T>() {
-    const Ptrs<T> ptr = ptrs_of<T>(x3, b);
     const T teps = static_cast<T>(eps);
-    if (!use_rowwise) {
-      blas_forward<T>(kind, s, x3, b, ptr, teps, f);
+    if (!rowwise(s)) {
+      const BlasWeights b = blas_weights(kind, s, p);
+      if (kind.gate == Gate::kIndependent) f.g = b.gind;
+      blas_forward<T>(kind, s, xc.view({s.E, s.N, s.I}), b, teps, f);
       return;
+    }
+    const RowwiseWeights<T> w = rowwise_weights<T>(kind, s, p, xc.const_data_ptr<T>());
+    if (kind.gate == Gate::kIndependent) {
+      f.g = at::empty(p.G.sizes(), opts);
+      std::copy(w.ptrs.gind, w.ptrs.gind + s.E * s.O, f.g.data_ptr<T>());
     }
     OutPtrs<T> out;
     out.y = f.y.data_ptr<T>();
@@ -531,74 +589,60 @@ Forward layer_forward(const LayerKind& kind, const LayerShape& s, const at::Tens
     out.g = kind.gate == Gate::kInput ? f.g.data_ptr<T>() : nullptr;
     out.lx = ptr_or_null<T>(f.lx);
     dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
-      rowwise_forward<T, ADD, MUL, GATE>(s, ptr, teps, out);
+      rowwise_forward<T, ADD, MUL, GATE>(s, w.ptrs, teps, out);
     });
   });
-
-  // Back to the caller's shapes.
-  Forward r;
-  r.y = f.y.view(s.out_sizes);
-  if (kind.mul) r.lx = f.lx.view(x.sizes());
-  if (nalu) {
-    r.a = f.a.view(s.out_sizes);
-    r.m = f.m.view(s.out_sizes);
-    r.g = kind.gate == Gate::kInput ? f.g.view(s.out_sizes) : f.g.view(p.G.sizes());
-  }
-  return r;
+  return f;
 }
 
 Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Tensor& grad_y, const at::Tensor& x,
                         const LayerParams& p, const Forward& saved, double eps, bool compute_grad_x) {
   const bool nalu = kind.add && kind.mul;
   const bool sep = nalu && !kind.tied;
-  const bool use_rowwise = rowwise(s);
   auto opts = x.options();
-  at::Tensor x3 = x.contiguous().view({s.E, s.N, s.I});
-  at::Tensor dy3 = grad_y.contiguous().view({s.E, s.N, s.O});
-  at::Tensor a3 = nalu ? saved.a.contiguous() : at::Tensor();
-  at::Tensor m3 = kind.mul ? saved.m.contiguous() : at::Tensor();
-  at::Tensor g3 = kind.gate != Gate::kNone ? saved.g.contiguous() : at::Tensor();
-  at::Tensor lx3 = kind.mul ? saved.lx.contiguous().view({s.E, s.N, s.I}) : at::Tensor();
-  BuiltWeights b = build_weights(kind, s, p, /*transpose=*/use_rowwise);
-
-  // Gradients w.r.t. the constructed weights and the gate, (E, I, O) / (E, O).
-  at::Tensor dW = at::empty({s.E, s.I, s.O}, opts);
-  at::Tensor dWm = sep ? at::empty({s.E, s.I, s.O}, opts) : at::Tensor();
-  at::Tensor dG;
-  if (kind.gate == Gate::kInput) dG = at::empty({s.E, s.I, s.O}, opts);
-  if (kind.gate == Gate::kIndependent) dG = at::empty({s.E, s.O}, opts);
-  at::Tensor dx = compute_grad_x ? at::empty({s.E, s.N, s.I}, opts) : at::Tensor();
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor dy = grad_y.contiguous();
+  const at::Tensor a = nalu ? saved.a.contiguous() : at::Tensor();
+  const at::Tensor m = kind.mul ? saved.m.contiguous() : at::Tensor();
+  const at::Tensor g = kind.gate != Gate::kNone ? saved.g.contiguous() : at::Tensor();
+  const at::Tensor lx = kind.mul ? saved.lx.contiguous() : at::Tensor();
+  Backward r;
+  if (compute_grad_x) r.grad_x = at::empty(x.sizes(), opts);
+  if (kind.gate != Gate::kNone) r.grad_G = at::empty(p.G.sizes(), opts);
 
   dispatch_float(x.scalar_type(), [&]<typename T>() {
-    const Ptrs<T> ptr = ptrs_of<T>(x3, b);
     SavedPtrs<T> sv;
-    sv.a = cptr_or_null<T>(a3);
-    sv.m = cptr_or_null<T>(m3);
-    sv.g = cptr_or_null<T>(g3);
-    sv.lx = cptr_or_null<T>(lx3);
+    sv.a = cptr_or_null<T>(a);
+    sv.m = cptr_or_null<T>(m);
+    sv.g = cptr_or_null<T>(g);
+    sv.lx = cptr_or_null<T>(lx);
     const T teps = static_cast<T>(eps);
-    if (!use_rowwise) {
-      blas_backward<T>(kind, s, sep, x3, dy3, b, ptr, sv, lx3, teps, compute_grad_x, dx, dW, dWm, dG);
-      return;
+    // Gradients w.r.t. W (and W_m), (E, I, O), before the weight construction's backward.
+    const int64_t n = s.E * s.I * s.O;
+    std::vector<T> dW(static_cast<size_t>(n * (sep ? 2 : 1)));
+    if (!rowwise(s)) {
+      const BlasWeights b = blas_weights(kind, s, p);
+      auto opts3 = at::TensorOptions().dtype(x.scalar_type());
+      at::Tensor dW_t = at::from_blob(dW.data(), {s.E, s.I, s.O}, opts3);
+      at::Tensor dWm_t = sep ? at::from_blob(dW.data() + n, {s.E, s.I, s.O}, opts3) : at::Tensor();
+      blas_backward<T>(kind, s, sep, xc.view({s.E, s.N, s.I}), dy, b, sv, lx, teps, r.grad_x, dW_t, dWm_t,
+                       r.grad_G);
+    } else {
+      const RowwiseWeights<T> w = rowwise_weights<T>(kind, s, p, xc.const_data_ptr<T>());
+      GradPtrs<T> gp;
+      gp.dx = ptr_or_null<T>(r.grad_x);
+      gp.dW = dW.data();
+      gp.dWm = sep ? dW.data() + n : nullptr;
+      gp.dG = ptr_or_null<T>(r.grad_G);
+      const T* dyp = dy.const_data_ptr<T>();
+      dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
+        rowwise_backward<T, ADD, MUL, GATE>(s, sep, w.ptrs, sv, dyp, teps, compute_grad_x, gp);
+      });
     }
-    GradPtrs<T> gp;
-    gp.dx = ptr_or_null<T>(dx);
-    gp.dW = dW.data_ptr<T>();
-    gp.dWm = ptr_or_null<T>(dWm);
-    gp.dG = ptr_or_null<T>(dG);
-    const T* dyp = dy3.const_data_ptr<T>();
-    dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
-      rowwise_backward<T, ADD, MUL, GATE>(s, sep, ptr, sv, dyp, teps, compute_grad_x, gp);
-    });
+    weight_backward_into<T>(dW.data(), p.W_hat, p.M_hat, r.grad_W_hat, r.grad_M_hat);
+    if (sep) weight_backward_into<T>(dW.data() + n, p.W_hat_m, p.M_hat_m, r.grad_W_hat_m, r.grad_M_hat_m);
   });
-
-  // Through the weight construction, back to the parameters.
-  Backward g;
-  std::tie(g.grad_W_hat, g.grad_M_hat) = weight_backward(dW.view(p.W_hat.sizes()), p.W_hat, p.M_hat);
-  if (sep) std::tie(g.grad_W_hat_m, g.grad_M_hat_m) = weight_backward(dWm.view(p.W_hat.sizes()), p.W_hat_m, p.M_hat_m);
-  if (dG.defined()) g.grad_G = dG.view(p.G.sizes());
-  if (compute_grad_x) g.grad_x = dx.view(x.sizes());
-  return g;
+  return r;
 }
 
 at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat) {
