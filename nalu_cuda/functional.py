@@ -30,14 +30,26 @@ def _ops_or_raise():
     return _ops.ops
 
 
-def _fast():
-    """The direct bindings, or None where they cannot be used (compiling, or no _C module)."""
-    return None if torch.compiler.is_compiling() else _ops.fast
+_PLAIN_TENSORS = (Tensor, torch.nn.Parameter)
+
+
+def _fast(x: Tensor):
+    """The direct bindings, or None where torch.ops must be used: while compiling, without the _C
+    module (a library loaded from NALU_CUDA_LIBRARY), and where __torch_function__ could apply (a
+    Tensor subclass input, or an active TorchFunctionMode), which the bindings would bypass."""
+    if (
+        _ops.fast is None
+        or torch.compiler.is_compiling()
+        or type(x) not in _PLAIN_TENSORS
+        or torch._C._is_torch_function_mode_enabled()
+    ):
+        return None
+    return _ops.fast
 
 
 def nac_weight(W_hat: Tensor, M_hat: Tensor) -> Tensor:
     """``W = tanh(W_hat) * sigmoid(M_hat)``."""
-    fast = _fast()
+    fast = _fast(W_hat)
     if fast is not None:
         return fast.nac_weight(W_hat, M_hat)
     return _ops_or_raise().nac_weight(W_hat, M_hat)
@@ -45,7 +57,7 @@ def nac_weight(W_hat: Tensor, M_hat: Tensor) -> Tensor:
 
 def nac(x: Tensor, W_hat: Tensor, M_hat: Tensor) -> Tensor:
     """NAC+: ``y = x W``."""
-    fast = _fast()
+    fast = _fast(x)
     if fast is not None:
         return fast.nac(x, W_hat, M_hat)
     return _ops_or_raise().nac_forward(x, W_hat, M_hat)
@@ -53,7 +65,7 @@ def nac(x: Tensor, W_hat: Tensor, M_hat: Tensor) -> Tensor:
 
 def nac_mul(x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
     """NAC*: ``y = exp(log(|x| + eps) W)``."""
-    fast = _fast()
+    fast = _fast(x)
     if fast is not None:
         return fast.nac_mul(x, W_hat, M_hat, eps)
     y, _lx = _ops_or_raise().nac_mul_forward(x, W_hat, M_hat, eps)
@@ -73,7 +85,7 @@ def nalu(
     """NALU: ``y = g a + (1 - g) m``; see :func:`nalu_cuda.reference.nalu`."""
     if gate not in GATES:
         raise ValueError(f"nalu_cuda.functional.nalu: argument 'gate' must be one of {GATES}, got {gate!r}")
-    fast = _fast()
+    fast = _fast(x)
     if fast is not None:
         return fast.nalu(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
     y, _a, _m, _g, _lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
