@@ -310,3 +310,20 @@ def test_all_ops_have_cpu_kernels_and_fakes():
                  "nac_mul_backward", "nalu_forward", "nalu_backward"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"nalu_cuda::{name}", "CPU"), name
     assert nalu_cuda.has_extension()
+
+
+def test_torch_function_modes_and_subclasses_see_the_ops():
+    # Eager calls take a direct binding; where __torch_function__ applies they go through torch.ops.
+    seen = []
+
+    class Record(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = rand_input((4, 3))
+    W, M, G = (rand_params((3, 2)) for _ in range(3))
+    with Record():
+        y = F.nalu(x, W, M, G)
+    assert any("nalu_forward" in s for s in seen), seen
+    torch.testing.assert_close(y, R.nalu(x, W, M, G))
