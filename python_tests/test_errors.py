@@ -109,3 +109,13 @@ def test_fake_kernels_give_the_same_errors():
         y, a, m, g, lx = ops.nalu_forward(torch.empty(7, 4, 3), torch.empty(7, 3, 2), torch.empty(7, 3, 2), None, None,
                                           torch.empty(7, 2), 1e-7, False)
         assert y.shape == (7, 4, 2) and g.shape == (7, 2) and lx.shape == (7, 4, 3)
+
+
+def test_mixed_devices_are_rejected():
+    # "meta" stands in for a second device on machines without a GPU (test_cuda.py covers cuda).
+    x = x_(4, 3)
+    W, M = p(3, 2).to("meta"), p(3, 2).to("meta")
+    with pytest.raises(RuntimeError, match=r"nalu_cuda::nac_forward: argument 'W_hat' must be on the device of 'x' \(cpu\), got meta"):
+        ops.nac_forward(x, W, M)
+    with pytest.raises(RuntimeError, match=r"argument 'G' must be on the device of 'x' \(cpu\), got meta"):
+        ops.nalu_forward(x, p(3, 2), p(3, 2), None, None, p(3, 2).to("meta"), 1e-7, True)
