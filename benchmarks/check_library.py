@@ -13,8 +13,7 @@ from nalu_cuda.testing import rand_input, rand_params
 def main() -> int:
     assert os.environ.get("NALU_CUDA_LIBRARY"), "set NALU_CUDA_LIBRARY to the library to check"
     assert nalu_cuda.has_extension(), "library not loaded"
-    for name in ("nac_weight", "nac_weight_backward", "nac_forward", "nac_backward", "nac_mul_forward",
-                 "nac_mul_backward", "nalu_forward", "nalu_backward"):
+    for name in nalu_cuda._ops.OP_NAMES:
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"nalu_cuda::{name}", "CPU"), name
     for E, O in [(None, 2), (3, 20)]:
         lead = () if E is None else (E,)

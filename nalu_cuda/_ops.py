@@ -1,4 +1,4 @@
-"""Loading of the native ops, their fake (meta) implementations and their autograd.
+"""Loading of the native ops, and their fake (meta) implementations.
 
 The schemas are declared in ``csrc/nalu_ops.cpp``; kernels are registered per device in C++.
 Here, for every op, ``torch.library.register_fake`` (shapes only, so ``torch.compile`` traces the
@@ -46,6 +46,7 @@ except (ImportError, OSError) as exc:  # not built, or built against another tor
             f"forbids falling back to the reference path: {exc}"
         ) from exc
 
+# Every op of csrc/nalu_ops.cpp.
 OP_NAMES = (
     "nac_weight",
     "nac_weight_backward",
