@@ -250,8 +250,8 @@ def profile_configs(profile: str) -> List[Config]:
                  threshold_samples=3000, lr=1e-2)
         return [
             recurrent_config("nac", ["add", "sub"], 8, 5000, **q),
-            recurrent_config("nalu", ["add", "mul", "div"], 8, 5000, **q),
-            recurrent_config("lstm", ["add", "sub"], 8, 5000, **q),
+            recurrent_config("nalu", ["add", "mul", "div"], 8, 3000, **q),
+            recurrent_config("lstm", ["add", "sub"], 8, 2000, **q),
         ]
     if profile == "paper":
         return [recurrent_config(m, list(ar.OPS), 100, 500_000) for m in

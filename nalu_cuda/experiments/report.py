@@ -84,6 +84,9 @@ def build_report(by_exp: Dict[str, List[ConfigResult]], out_dir: str, meta: Dict
             f"torch {meta.get('torch')}", f"native extension: {meta.get('native_extension')}",
             f"device: {meta.get('device', 'cpu')}", f"machine: {meta.get('machine')}",
             f"training wall time of the configurations below: {_fmt_time(meta.get('total_wall_s', 0.0))}"]
+    if meta.get("invocation_wall_s") is not None:
+        info.append(f"wall time of the command (this invocation, with setup and reports): "
+                    f"{_fmt_time(meta['invocation_wall_s'])}")
     if meta.get("profile"):
         info.insert(0, f"profile: **{meta['profile']}**")
     lines += ["- " + "\n- ".join(info), ""]

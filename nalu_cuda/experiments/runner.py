@@ -225,7 +225,7 @@ def run_one(cfg: Config, out_dir: str, *, device: str = "cpu", resume: bool = Fa
 
 def run_configs(configs: Sequence[Config], out_dir: str, *, device: str = "cpu", resume: bool = False,
                 overwrite: bool = False, progress: bool = True, log=_log_default, meta: Optional[dict] = None,
-                checkpoint_every_s: float = 60.0) -> List[ConfigResult]:
+                checkpoint_every_s: float = 60.0, report_every_s: float = 60.0) -> List[ConfigResult]:
     """Run every configuration in order, rebuilding the outputs after each; returns the results."""
     names = [c.key for c in configs]
     dup = {n for n in names if names.count(n) > 1}
@@ -234,6 +234,7 @@ def run_configs(configs: Sequence[Config], out_dir: str, *, device: str = "cpu",
     os.makedirs(out_dir, exist_ok=True)
     results = []
     t_start = time.perf_counter()
+    last_report = -math.inf
     for i, cfg in enumerate(configs):
         log(f"[{i + 1}/{len(configs)}] {cfg.key}: {cfg.seeds} seeds x {cfg.steps} steps "
             f"(elapsed {time.perf_counter() - t_start:.0f} s)")
@@ -241,7 +242,14 @@ def run_configs(configs: Sequence[Config], out_dir: str, *, device: str = "cpu",
                     checkpoint_every_s=checkpoint_every_s)
         log(f"[{i + 1}/{len(configs)}] {cfg.key}: done in {r.wall_s:.0f} s; " + _headline(r))
         results.append(r)
-        write_outputs(out_dir, meta=meta, order=names)
+        # summary.json and the CSVs after every configuration; the report and its plots (slower)
+        # at most once a minute, and always at the end.
+        with_report = time.perf_counter() - last_report >= report_every_s
+        write_outputs(out_dir, meta=meta, order=names, report=with_report)
+        if with_report:
+            last_report = time.perf_counter()
+    meta = dict(meta or {})
+    meta["invocation_wall_s"] = time.perf_counter() - t_start
     write_outputs(out_dir, meta=meta, order=names)
     return results
 
@@ -295,8 +303,9 @@ def _csv_text(rows: List[Dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def write_outputs(out_dir: str, meta: Optional[dict] = None, order: Optional[Sequence[str]] = None) -> None:
-    """Rebuild ``summary.json``, ``per_seed_<experiment>.csv``, ``report.md`` and plots."""
+def write_outputs(out_dir: str, meta: Optional[dict] = None, order: Optional[Sequence[str]] = None,
+                  report: bool = True) -> None:
+    """Rebuild ``summary.json``, ``per_seed_<experiment>.csv`` and (``report``) ``report.md`` and plots."""
     results = load_results(out_dir, order)
     meta = dict(meta or {})
     meta.setdefault("generated", _dt.datetime.now().isoformat(timespec="seconds"))
@@ -322,6 +331,7 @@ def write_outputs(out_dir: str, meta: Optional[dict] = None, order: Optional[Seq
             for rec in r.records:
                 rows.append({"experiment": exp_name, "config": r.config.name, **rec})
         atomic_write_text(os.path.join(out_dir, f"per_seed_{exp_name}.csv"), _csv_text(rows))
-    from . import report
+    if report:
+        from . import report as _report
 
-    atomic_write_text(os.path.join(out_dir, "report.md"), report.build_report(by_exp, out_dir, meta))
+        atomic_write_text(os.path.join(out_dir, "report.md"), _report.build_report(by_exp, out_dir, meta))

@@ -99,7 +99,9 @@ def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, nam
     p["interp"], p["extrap"] = interp.to_list(), extrap.to_list()
     p["model"], p["ops"] = model, ops
     if name is None:
-        name = f"{model}-{'+'.join(ops) if len(ops) < 6 else 'allops'}-{_range_name(p['interp'])}-to-{_range_name(p['extrap'])}"
+        hid = "" if int(p["hidden"]) == 2 else f"-h{int(p['hidden'])}"
+        name = (f"{model}{hid}-{'+'.join(ops) if len(ops) < 6 else 'allops'}-{_range_name(p['interp'])}-to-"
+                f"{_range_name(p['extrap'])}")
     return Config("static", name, int(seeds), int(steps), p)
 
 
@@ -303,6 +305,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--range-stress", action="store_true",
                         help="run Madsen & Johansen's range stress list instead of --interp/--extrap")
     parser.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-3)")
+    parser.add_argument("--hidden", type=int, default=DEFAULTS["hidden"], help="hidden size (default: 2)")
     parser.add_argument("--batch", type=int, default=DEFAULTS["batch"], help="batch size (default: 128)")
     parser.add_argument("--eval-every", type=int, default=DEFAULTS["eval_every"],
                         help="steps between evaluations (default: 1000)")
@@ -322,6 +325,7 @@ def configs_from_args(args: argparse.Namespace) -> List[Config]:
         for interp, extrap in pairs:
             out.append(static_config(model, ops, seeds, steps, interp=_pairs(interp), extrap=_pairs(extrap),
                                      lr=args.lr, batch=args.batch, eval_every=min(args.eval_every, steps),
+                                     hidden=args.hidden,
                                      n_valid=args.n_test, n_test=args.n_test, backend=args.backend))
     return out
 
@@ -330,23 +334,28 @@ def _pairs(vals: Sequence[float]) -> List[List[float]]:
     return ar.parse_range(vals, "range").to_list()
 
 
-QUICK_NAC_ADD_STEPS = 200_000
+QUICK_NAC_ADD_STEPS = 30_000
 
 
 def profile_configs(profile: str) -> List[Config]:
     """``quick``: Madsen & Johansen's protocol (Adam 1e-3, batch 128, U[1,2] -> U[2,6]) at budgets
-    that fit a 2-core CPU in minutes; NAC+ on a + b gets the steps it needs to meet the strict
-    criterion (the other cells stop far earlier than the published 5e6). ``paper``: every model
-    on every operation, 100 seeds x 5e6 steps, plus the range stress test (50 seeds)."""
+    that fit a 2-core CPU in minutes, far below the published 5e6 steps. NAC+ on a + b in
+    particular needs more than 2e5 steps at lr 1e-3 to get under the strict threshold (measured:
+    extrapolation MSE 1.0-1.8x the threshold at 2e5 steps), so at the quick budget it is solved by the
+    paper's normalised error, not yet by Madsen's criterion. ``paper``: every model on every
+    operation, 100 seeds x 5e6 steps, plus the range stress test (50 seeds)."""
     if profile == "quick":
         q = dict(n_valid=5000, n_test=5000, baseline_models=50, threshold_samples=400_000)
         return [
-            static_config("nac", ["add"], 16, QUICK_NAC_ADD_STEPS, eval_every=2000, **q),
+            static_config("nac", ["add"], 16, QUICK_NAC_ADD_STEPS, eval_every=1000, **q),
             static_config("nac", ["sub"], 16, 20_000, eval_every=1000, **q),
             static_config("nac-mul", ["mul", "div", "squared", "root"], 10, 20_000, eval_every=1000, **q),
             static_config("nalu", list(ar.OPS), 10, 10_000, eval_every=500, **q),
             static_config("nalu-separate-indgate", ["add", "sub", "mul"], 10, 10_000, eval_every=500, **q),
-            static_config("relu6", ["add", "mul"], 8, 5_000, eval_every=500, **q),
+            # The MLP baselines get 16 hidden units: with Madsen's hidden size 2 they cannot even
+            # interpolate, and the claim under test is that they interpolate but do not extrapolate.
+            static_config("relu6", ["add", "mul"], 8, 5_000, eval_every=500, hidden=16, **q),
+            static_config("relu", ["add", "mul"], 8, 5_000, eval_every=500, hidden=16, **q),
             static_config("linear", ["add", "mul"], 8, 5_000, eval_every=500, **q),
         ]
     if profile == "paper":
@@ -392,7 +401,8 @@ def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
         mad = MADSEN_SUCCESS.get(key) if is_default else None
         inalu = INALU_SUCCESS.get(key) if is_default else None
         lr_txt = f"{s.get('lr', 1e-3):g}" + (" (decayed)" if s.get("lr_milestones") else "")
-        rows.append([s["model"], ar.OP_SYMBOLS[s["op"]], f"{s['interp']} -> {s['extrap']}",
+        label = s["model"] if int(s.get("hidden", 2)) == 2 else f"{s['model']} (hidden {s['hidden']})"
+        rows.append([label, ar.OP_SYMBOLS[s["op"]], f"{s['interp']} -> {s['extrap']}",
                      f"{s['seeds']} x {s['steps']:g}, lr {lr_txt}", fmt_rate(s),
                      "-" if mad is None else f"{100 * mad:.0f}%", "-" if inalu is None else f"{100 * inalu:.0f}%",
                      fmt_num(s.get("solved_at_median")), fmt_num(s.get("sparsity_error_solved_mean")),
