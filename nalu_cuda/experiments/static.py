@@ -524,8 +524,12 @@ def _plot_ranges(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]
         rc = r.extra.get("range_curve")
         if not rc:
             continue
+        pr = r.config.params
+        label = pr["model"] + ("" if int(pr.get("hidden", 2)) == 2 else f" (hidden {pr['hidden']})")
+        if pr["interp"] != DEFAULTS["interp"]:
+            label += f" {_as_range(pr['interp'], '')}"
         for op, med in rc["median_mse"].items():
-            curves.append((r.config.params["model"], op, rc["scales"], med, r.config.params["interp"]))
+            curves.append((label, op, rc["scales"], med, None))
     if not curves:
         return None
     ops = [op for op in ar.OPS if any(c[1] == op for c in curves)]
@@ -540,7 +544,7 @@ def _plot_ranges(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]
             if cop != op:
                 continue
             ys = [m if (m is not None and m > 0) else float("nan") for m in med]
-            ax.plot(scales, ys, marker="o", ms=3, label=f"{model} {interp}")
+            ax.plot(scales, ys, marker="o", ms=3, label=model)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.axvline(1.0, color="grey", lw=0.8, ls=":")
