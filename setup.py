@@ -72,7 +72,9 @@ def _extension():
         if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
             # No GPU to ask: Ampere and Hopper machine code, plus PTX for anything newer.
             os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
-        sources += sorted(glob.glob("csrc/cuda/*.cu"))
+        # csrc/cuda/*.cpp (the ops: checks, cuBLAS calls, registration) go to the host compiler,
+        # csrc/cuda/*.cu (the kernels, no ATen headers) to nvcc.
+        sources += sorted(glob.glob("csrc/cuda/*.cpp")) + sorted(glob.glob("csrc/cuda/*.cu"))
         macros.append(("NALU_CUDA_WITH_CUDA", None))
         nvcc = opt[:1] + ["-lineinfo"] if not debug else ["-O0", "-g", "-G"]
         return CUDAExtension(
@@ -87,10 +89,18 @@ def _extension():
     )
 
 
+def _have_ninja():
+    # A machine without ninja (some GPU hosts) builds with setuptools' own compile loop. torch runs
+    # `ninja` from PATH, so ask torch rather than whether the Python package imports.
+    from torch.utils.cpp_extension import is_ninja_available
+
+    return is_ninja_available()
+
+
 setup(
     name="nalu_cuda",
     version=VERSION,
     packages=find_packages(include=["nalu_cuda", "nalu_cuda.*"]),
     ext_modules=[_extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=_have_ninja())},
 )
