@@ -1,6 +1,6 @@
 // nalu_ops.cpp: the schema of every nalu_cuda op, declared once.
 //
-// Kernels register per dispatch key elsewhere: csrc/cpu/nalu_cpu.cpp (CPU), csrc/cuda/nalu_cuda.cu
+// Kernels register per dispatch key elsewhere: csrc/cpu/nalu_cpu.cpp (CPU), csrc/cuda/nalu_cuda.cpp
 // (CUDA), csrc/autocast.cpp (Autocast); fakes and autograd are registered from Python
 // (nalu_cuda/_ops.py). Shapes: weights (I, O) with x (..., I), or (E, I, O) with x (E, ..., I).
 //

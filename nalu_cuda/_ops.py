@@ -154,8 +154,13 @@ def _layer_out_shape(
     return list(x.shape[:-1]) + [O]
 
 
+def _like(t: Tensor) -> Tensor:
+    """A contiguous tensor of t's shape, as the kernels return (empty_like would keep t's strides)."""
+    return t.new_empty(t.shape)
+
+
 def _grad_or_empty(flag: bool, like: Tensor, ref: Tensor) -> Tensor:
-    return torch.empty_like(like) if flag else ref.new_empty((0,))
+    return _like(like) if flag else ref.new_empty((0,))
 
 
 def _register_fakes() -> None:
@@ -164,12 +169,12 @@ def _register_fakes() -> None:
     @reg("nalu_cuda::nac_weight")
     def _(W_hat, M_hat):
         _check_pair("nac_weight", W_hat, M_hat, layer_shape=False)
-        return torch.empty_like(W_hat)
+        return _like(W_hat)
 
     @reg("nalu_cuda::nac_weight_backward")
     def _(grad_W, W_hat, M_hat):
         _check_pair("nac_weight_backward", W_hat, M_hat, layer_shape=False)
-        return torch.empty_like(W_hat), torch.empty_like(M_hat)
+        return _like(W_hat), _like(M_hat)
 
     @reg("nalu_cuda::nac_forward")
     def _(x, W_hat, M_hat):
@@ -178,22 +183,22 @@ def _register_fakes() -> None:
     @reg("nalu_cuda::nac_backward")
     def _(grad_y, x, W_hat, M_hat, compute_grad_x):
         _layer_out_shape("nac_backward", x, W_hat, M_hat)
-        return _grad_or_empty(compute_grad_x, x, x), torch.empty_like(W_hat), torch.empty_like(M_hat)
+        return _grad_or_empty(compute_grad_x, x, x), _like(W_hat), _like(M_hat)
 
     @reg("nalu_cuda::nac_mul_forward")
     def _(x, W_hat, M_hat, eps):
-        return x.new_empty(_layer_out_shape("nac_mul_forward", x, W_hat, M_hat, eps=eps)), torch.empty_like(x)
+        return x.new_empty(_layer_out_shape("nac_mul_forward", x, W_hat, M_hat, eps=eps)), _like(x)
 
     @reg("nalu_cuda::nac_mul_backward")
     def _(grad_y, x, W_hat, M_hat, y, lx, eps, compute_grad_x):
         _layer_out_shape("nac_mul_backward", x, W_hat, M_hat, eps=eps)
-        return _grad_or_empty(compute_grad_x, x, x), torch.empty_like(W_hat), torch.empty_like(M_hat)
+        return _grad_or_empty(compute_grad_x, x, x), _like(W_hat), _like(M_hat)
 
     @reg("nalu_cuda::nalu_forward")
     def _(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate):
         shape = _layer_out_shape("nalu_forward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps)
-        g = x.new_empty(shape) if input_gate else torch.empty_like(G)
-        return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape), g, torch.empty_like(x)
+        g = x.new_empty(shape) if input_gate else _like(G)
+        return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape), g, _like(x)
 
     @reg("nalu_cuda::nalu_backward")
     def _(grad_y, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, eps, input_gate, compute_grad_x):
@@ -201,11 +206,11 @@ def _register_fakes() -> None:
         sep = W_hat_m is not None
         return (
             _grad_or_empty(compute_grad_x, x, x),
-            torch.empty_like(W_hat),
-            torch.empty_like(M_hat),
+            _like(W_hat),
+            _like(M_hat),
             _grad_or_empty(sep, W_hat, x),
             _grad_or_empty(sep, W_hat, x),
-            torch.empty_like(G),
+            _like(G),
         )
 
 

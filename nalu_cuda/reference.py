@@ -47,7 +47,10 @@ def _matmul(x: Tensor, W: Tensor) -> Tensor:
     if W.dim() == 2:
         return torch.matmul(x, W)
     E, I, O = W.shape
-    out = torch.bmm(x.reshape(E, -1, I), W)
+    rows = 1
+    for d in x.shape[1:-1]:
+        rows *= d
+    out = torch.bmm(x.reshape(E, rows, I), W)  # (not -1: x may have no elements)
     return out.reshape(*x.shape[:-1], O)
 
 

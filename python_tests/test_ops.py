@@ -204,6 +204,11 @@ def _op_samples(device):
                 samples.append(
                     (ops.nalu_backward.default, (gy, x, W, M, wm, mm, gate_arg, a, m, g, lx, 1e-7, input_gate, True))
                 )
+    # a column-major input: the fakes must report the kernels' contiguous results
+    x_t = rand_input((5, 4), device=device).t()  # (4, 5), column-major
+    W, M, G = (rand_params((5, 2), device=device) for _ in range(3))
+    samples.append((ops.nac_mul_forward.default, (x_t, W, M, 1e-7)))
+    samples.append((ops.nalu_forward.default, (x_t, W.t().contiguous().t(), M, None, None, G, 1e-7, True)))
     return samples
 
 
@@ -252,6 +257,16 @@ def test_noncontiguous_expanded_and_empty_inputs(unit, device):
     assert xe.grad.shape == (0, 5)
     for p in params:
         assert torch.equal(p.grad, torch.zeros_like(p))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ensemble_with_empty_batch(device):
+    args, kwargs = make_args("nalu_sep", 3, (0,), 4, 2, torch.float64, device)
+    y_ref, y_fused, a, b = run_both("nalu_sep", args, kwargs)
+    assert y_fused.shape == (3, 0, 2)
+    torch.testing.assert_close(y_fused, y_ref)
+    for p, q in zip(a[1:], b[1:]):
+        torch.testing.assert_close(q.grad, p.grad)
 
 
 @pytest.mark.parametrize("device", DEVICES)
