@@ -347,7 +347,8 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     lines.append(f"{c0.seeds} seeds per model, {c0.steps} steps; checkpoint per seed chosen on validation programs "
                  "with integers in [0, 100); final test on 1000 programs per domain; mean over seeds with 95% "
                  "Student-t intervals. Accuracy: rounded output equals the printed value. Relative error: MAE / "
-                 "mean |target|.")
+                 f"mean |target|. Every model's output is multiplied by a fixed {fmt_num(c0.params.get('out_scale', BASE_PARAMS['out_scale']))} "
+                 "(the training range) so that linear read-outs start at the targets' scale.")
     lines.append("")
     for task in TASKS:
         rows = [m for m in MODELS if (task, m) in by]
