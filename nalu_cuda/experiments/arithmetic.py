@@ -230,7 +230,8 @@ class UniformStream:
     """Per-member float32 uniform inputs, ``chunk`` steps at a time, from one SFC64 generator a member.
 
     ``next()`` returns ``(E, *shape)`` for one step (with ``transform``: ``(x, extra)``, where
-    ``transform(chunk_array)`` computed ``extra`` for the whole chunk, e.g. the targets). Member
+    ``transform`` maps the chunk's array ``(chunk, E, *shape)`` to ``(chunk, E', ...)``, e.g. the
+    targets, and ``extra`` is its slice for the step). Member
     ``e`` draws exactly what a single stream with its seed draws (the chunk size is fixed, never
     derived from ``E``). The state for ``--resume`` is the generators' state at the start of the
     current chunk plus the position in it (:meth:`state_dict`), so a resumed stream continues bit
@@ -270,15 +271,16 @@ class UniformStream:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nalu-data")
 
     def _generate(self):
+        # Stored step-major, (chunk, E, *shape), so that every step's batch is one contiguous
+        # tensor (the fused ops would otherwise copy a strided input in forward and backward).
         E = len(self.seeds)
-        n = self.chunk * self._n
         states = [bg.state for bg in self._bitgens]
-        out = np.empty((E, n), dtype=np.float32)
+        out = np.empty((self.chunk, E, self._n), dtype=np.float32)
         for e, bg in enumerate(self._bitgens):
-            self._draw_into(bg, out[e])
-        arr = out.reshape(E, self.chunk, *self.shape)
-        extra = self.transform(arr) if self.transform is not None else None
-        return states, arr, extra
+            self._draw_into(bg, out[:, e, :])
+        out = out.reshape(self.chunk, E, *self.shape)
+        extra = None if self.transform is None else np.ascontiguousarray(self.transform(out))
+        return states, out, extra
 
     def _fill(self) -> None:
         if self._pending is not None:
@@ -288,14 +290,15 @@ class UniformStream:
             states, arr, extra = self._generate()
         self._chunk_states = states
         self._buffer = torch.from_numpy(arr)
-        self._extra = None if extra is None else torch.from_numpy(np.ascontiguousarray(extra))
+        self._extra = None if extra is None else torch.from_numpy(extra)
         self._pos = 0
         if self._pool is not None:
             self._pending = self._pool.submit(self._generate)
 
     def _draw_into(self, bg: np.random.SFC64, out: np.ndarray) -> None:
-        n = out.shape[0]
-        words = bg.random_raw((n + 1) // 2).view(np.uint32)[:n]
+        """Fill ``out`` (any shape, possibly strided) in C order from ``bg``."""
+        n = out.size
+        words = bg.random_raw((n + 1) // 2).view(np.uint32)[:n].reshape(out.shape)
         ivs = self.range.intervals
         select = None
         if len(ivs) == 2 and math.isclose(ivs[0][1] - ivs[0][0], ivs[1][1] - ivs[1][0]):
@@ -307,16 +310,18 @@ class UniformStream:
             return
         out -= np.float32(1.0)
         if len(ivs) == 1:
-            self.range._map(out, None)
+            lo, hi = ivs[0]
+            out *= np.float32(hi - lo)
+            out += np.float32(lo)
             return
-        sel = np.random.Generator(bg).random(n) if select is None else np.where(select, 0.75, 0.25)
-        out[:] = self.range._map(out, None, select=sel)
+        sel = np.random.Generator(bg).random(n).reshape(out.shape) if select is None else np.where(select, 0.75, 0.25)
+        out[...] = self.range._map(np.ascontiguousarray(out), None, select=sel)
 
     def next(self):
         if self._buffer is None or self._pos >= self.chunk:
             self._fill()
-        x = self._buffer[:, self._pos]
-        extra = None if self._extra is None else self._extra[:, self._pos]
+        x = self._buffer[self._pos]
+        extra = None if self._extra is None else self._extra[self._pos]
         self._pos += 1
         return x if self.transform is None else (x, extra)
 

@@ -78,14 +78,14 @@ def recurrent_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, 
 
 
 def chunk_targets(masks: np.ndarray, ops: Sequence[str]):
-    """A stream ``transform``: inputs ``(S, C, B, T, I)`` -> targets ``(len(ops) * S, C, B, 1)``."""
-    S, I = masks.shape[0], masks.shape[1]
+    """A stream ``transform``: inputs ``(C, S, B, T, I)`` -> targets ``(C, len(ops) * S, B, 1)``."""
+    m64 = masks.astype(np.float64)
 
     def transform(arr: np.ndarray) -> np.ndarray:
-        sums = arr.astype(np.float64).sum(-2)                     # (S, C, B, I)
-        ab = np.matmul(sums.reshape(S, -1, I), masks.astype(np.float64))
-        t = np.stack([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 0).astype(np.float32)
-        return t.reshape(len(ops) * S, *arr.shape[1:-2], 1)
+        sums = arr.astype(np.float64).sum(-2)                     # (C, S, B, I)
+        ab = np.matmul(sums, m64)                                 # (C, S, B, 2)
+        t = np.concatenate([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 1)
+        return t.astype(np.float32)[..., None]
 
     return transform
 

@@ -113,18 +113,16 @@ def _as_range(r, what: str) -> ar.Range:
 
 
 def chunk_targets(masks: np.ndarray, ops: Sequence[str]):
-    """A stream ``transform``: inputs ``(S, C, B, I)`` -> targets ``(len(ops) * S, C, B, 1)``.
+    """A stream ``transform``: inputs ``(C, S, B, I)`` -> targets ``(C, len(ops) * S, B, 1)``.
 
     ``a`` and ``b`` are float32 sums (rounding ~1e-7 relative: far below every threshold), the
     operation is applied in float64. Runs on the data thread (numpy releases the GIL).
     """
-    S, I = masks.shape[0], masks.shape[1]
-
     def transform(arr: np.ndarray) -> np.ndarray:
-        ab = np.matmul(arr.reshape(S, -1, I), masks)
+        ab = np.matmul(arr, masks)                                   # (C, S, B, 2), per-seed masks
         a, b = ab[..., 0].astype(np.float64), ab[..., 1].astype(np.float64)
-        t = np.stack([ar.apply_op(op, a, b) for op in ops], 0).astype(np.float32)
-        return t.reshape(len(ops) * S, *arr.shape[1:-1], 1)
+        t = np.concatenate([ar.apply_op(op, a, b) for op in ops], 1)  # (C, ops * S, B)
+        return t.astype(np.float32)[..., None]
 
     return transform
 
