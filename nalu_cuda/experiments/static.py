@@ -332,20 +332,19 @@ def _pairs(vals: Sequence[float]) -> List[List[float]]:
     return ar.parse_range(vals, "range").to_list()
 
 
-QUICK_NAC_ADD_STEPS = 30_000
+QUICK_NAC_ADD_STEPS = 300_000
 
 
 def profile_configs(profile: str) -> List[Config]:
     """``quick``: Madsen & Johansen's protocol (Adam 1e-3, batch 128, U[1,2] -> U[2,6]) at budgets
-    that fit a 2-core CPU in minutes, far below the published 5e6 steps. NAC+ on a + b in
-    particular needs more than 2e5 steps at lr 1e-3 to get under the strict threshold (measured:
-    extrapolation MSE 1.0-1.8x the threshold at 2e5 steps), so at the quick budget it is solved by the
-    paper's normalised error, not yet by Madsen's criterion. ``paper``: every model on every
-    operation, 100 seeds x 5e6 steps, plus the range stress test (50 seeds)."""
+    that fit a 2-core CPU in about 10 minutes, far below the published 5e6 steps except for NAC+
+    on a + b, which gets the 3e5 steps it needs to pass the strict threshold (measured with 8 seeds
+    x 4e5 steps: solved at 1.96e5-2.48e5; NAC+ on a - b is solved within 2e4). ``paper``: every
+    model on every operation, 100 seeds x 5e6 steps, plus the range stress test (50 seeds)."""
     if profile == "quick":
         q = dict(n_valid=5000, n_test=5000, baseline_models=50, threshold_samples=400_000)
         return [
-            static_config("nac", ["add"], 16, QUICK_NAC_ADD_STEPS, eval_every=1000, **q),
+            static_config("nac", ["add"], 16, QUICK_NAC_ADD_STEPS, eval_every=2000, **q),
             static_config("nac", ["sub"], 16, 20_000, eval_every=1000, **q),
             static_config("nac-mul", ["mul", "div", "squared", "root"], 10, 20_000, eval_every=1000, **q),
             static_config("nalu", list(ar.OPS), 10, 10_000, eval_every=500, **q),
