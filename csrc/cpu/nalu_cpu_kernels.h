@@ -168,20 +168,49 @@ void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs
           if constexpr (MUL) acc_u += l[i] * wm[j * I + i];
           if constexpr (GATE == Gate::kInput) acc_z += xr[i] * gt[j * I + i];
         }
+        // The products now; exp, sigmoid and the blend below, vectorised over the chunk.
         const int64_t o = r * O + j;
         if constexpr (ADD && MUL) {
-          const T mv = nm::exp_(acc_u);
-          const T gv = GATE == Gate::kInput ? nm::sigmoid(acc_z) : p.gind[e * O + j];
-          out.y[o] = nm::blend(acc_a, mv, gv);
           out.a[o] = acc_a;
-          out.m[o] = mv;
-          if constexpr (GATE == Gate::kInput) out.g[o] = gv;
+          out.m[o] = acc_u;
+          if constexpr (GATE == Gate::kInput) out.g[o] = acc_z;
         } else if constexpr (ADD) {
           out.y[o] = acc_a;
         } else {
-          out.y[o] = nm::exp_(acc_u);
+          out.y[o] = acc_u;
         }
       }
+    }
+    // Epilogue over the chunk's outputs [r0 * O, r1 * O): m = exp(u), g = sigmoid(z), y = blend.
+    const int64_t k0 = r0 * O, k1 = r1 * O;
+    if constexpr (ADD && MUL) {
+      T* a = out.a;
+      T* m = out.m;
+      T* y = out.y;
+      if constexpr (GATE == Gate::kInput) {
+        T* g = out.g;
+#pragma omp simd
+        for (int64_t k = k0; k < k1; ++k) {
+          const T mv = nm::exp_(m[k]);
+          const T gv = nm::sigmoid(g[k]);
+          m[k] = mv;
+          g[k] = gv;
+          y[k] = nm::blend(a[k], mv, gv);
+        }
+      } else {
+        const T* gind = p.gind;
+        const int64_t NO = N * O;
+#pragma omp simd
+        for (int64_t k = k0; k < k1; ++k) {
+          const T mv = nm::exp_(m[k]);
+          m[k] = mv;
+          y[k] = nm::blend(a[k], mv, gind[(k / NO) * O + k % O]);
+        }
+      }
+    } else if constexpr (MUL) {
+      T* y = out.y;
+#pragma omp simd
+      for (int64_t k = k0; k < k1; ++k) y[k] = nm::exp_(y[k]);
     }
   });
 }
