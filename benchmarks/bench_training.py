@@ -24,8 +24,9 @@ x 100 seeds, "about 8 CPU-hours per seed") is extrapolated from the measured rat
     python benchmarks/bench_training.py                     # about 2-4 minutes on 2 slow cores
     python benchmarks/bench_training.py --steps 300 --quick # a smoke run
 
-Writes ``benchmarks/results/training.json``, ``training.csv`` and ``training.md``. Timings are
-wall clock with one thread (``torch.set_num_threads(1)``) after a warm-up; on a shared machine run
+Writes ``benchmarks/results/training.json``, ``training.csv`` and ``training.md`` (``training_t2.*``
+with ``--threads 2``). Timings are
+wall clock with one intra-op thread by default (``--threads``) after a warm-up; on a shared machine run
 it when the machine is otherwise idle, and look at the spread of the ``--repeats``.
 """
 from __future__ import annotations
@@ -122,8 +123,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="one repeat (smoke test)")
     ap.add_argument("--no-prefetch", action="store_true", help="draw data on the training thread")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="output directory")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads for every row (default 1)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
     repeats = 1 if args.quick else args.repeats
     E = args.ensemble
@@ -164,20 +166,21 @@ def main(argv=None) -> int:
             })
         print(f"{model}: " + ", ".join(f"{k} {v[0]:.0f} steps/s" for k, v in meas.items()), flush=True)
     os.makedirs(args.out, exist_ok=True)
-    meta = {"torch": torch.__version__, "nalu_cuda": nalu_cuda.__version__, "threads": 1,
+    meta = {"torch": torch.__version__, "nalu_cuda": nalu_cuda.__version__, "threads": args.threads,
             "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs ({platform.processor()})",
             "steps": args.steps, "ensemble": E, "batch": B, "inputs": I, "prefetch": not args.no_prefetch,
             "command": "python benchmarks/bench_training.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "load": " ".join(f"{v:.1f}" for v in load_start) + " (start), "
                     + " ".join(f"{v:.1f}" for v in os.getloadavg()) + " (end)"}
-    with open(os.path.join(args.out, "training.json"), "w") as f:
+    stem = "training" if args.threads == 1 else f"training_t{args.threads}"
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    with open(os.path.join(args.out, "training.csv"), "w", newline="") as f:
+    with open(os.path.join(args.out, stem + ".csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "repeats"], extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     lines = ["# Training throughput, static task (batch 128, x in R^100, hidden 2)", "",
-             f"`{meta['command']}` on {meta['machine']}, torch {meta['torch']}, 1 thread.", "",
+             f"`{meta['command']}` on {meta['machine']}, torch {meta['torch']}, {args.threads} thread(s).", "",
              "| model | configuration | steps/s | seed-steps/s | speed-up vs. seeds one after another (eager) | "
              "published protocol (5e6 steps x 100 seeds), CPU-hours |",
              "|---|---|---|---|---|---|"]
@@ -190,7 +193,7 @@ def main(argv=None) -> int:
               f"Madsen & Johansen report about {PUBLISHED_HOURS_PER_SEED:g} CPU-hours per seed "
               f"({PUBLISHED_HOURS_PER_SEED * PUBLISHED_SEEDS:g} for 100 seeds) for the published protocol.",
               "", "Load average during the run (other processes share this machine): " + meta.get("load", "?")]
-    with open(os.path.join(args.out, "training.md"), "w") as f:
+    with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
