@@ -10,6 +10,8 @@
 
 #include <tuple>
 
+#include "cpu/uniform_fill.h"
+
 #ifndef NALU_CUDA_VERSION
 #define NALU_CUDA_VERSION "unknown"
 #endif
@@ -74,4 +76,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("nac", &nac, release());
   m.def("nac_mul", &nac_mul, release());
   m.def("nalu", &nalu, release());
+  // The training data of nalu_cuda.experiments.arithmetic.UniformStream (csrc/cpu/uniform_fill.h).
+  m.def("sfc64_uniform_fill", &nalu_cuda::cpu::sfc64_uniform_fill, release(), pybind11::arg("state"),
+        pybind11::arg("out"), pybind11::arg("lo"), pybind11::arg("hi"), pybind11::arg("raw") = false,
+        "Fill out (rows, n), or (rows, G, n) for a state (G, 4), with numpy SFC64 float32 uniforms in "
+        "[lo, hi) ([1, 2) when raw), advancing the int64 state(s) in place.");
 }

@@ -226,6 +226,10 @@ def subset_layout(seed: int, input_size: int, subset_ratio: float = 0.25, overla
 # ------------------------------------------------------------------------------------------------
 
 
+# False makes UniformStream use its numpy code even when the native fill is built (for tests).
+_USE_NATIVE_FILL = True
+
+
 class UniformStream:
     """Per-member float32 uniform inputs, ``chunk`` steps at a time, from one SFC64 generator a member.
 
@@ -238,14 +242,16 @@ class UniformStream:
     for bit.
 
     ``prefetch=True`` draws the next chunk (and its ``transform``) on a background thread while
-    the current one is consumed: numpy releases the GIL while it fills arrays, so on a machine
-    with a spare core the data costs no training time. The values are the same either way.
+    the current one is consumed: the fill releases the GIL, so on a machine with a spare core the
+    data costs no training time. The values are the same either way.
 
     Floats come from the generator's raw 64-bit words: each gives two 32-bit words, whose top 23
     bits fill a float32 mantissa in [1, 2), mapped affinely to the range (a 2^-23 grid, the float32
     resolution of U[1,2); for U[1,2) itself no mapping is needed). For a union of intervals, the
     low bit of the same word picks the interval when there are two of equal length; otherwise a
-    second draw does.
+    second draw does. For a single interval the native extension computes the same bits in one
+    pass (``nalu_cuda._C.sfc64_uniform_fill``, csrc/cpu/uniform_fill.cpp); without it, or for a
+    union, numpy does.
     """
 
     def __init__(self, seeds: Sequence[int], shape: Sequence[int], rng_range: Range, chunk: int = 16,
@@ -276,8 +282,9 @@ class UniformStream:
         E = len(self.seeds)
         states = [bg.state for bg in self._bitgens]
         out = np.empty((self.chunk, E, self._n), dtype=np.float32)
-        for e, bg in enumerate(self._bitgens):
-            self._draw_into(bg, out[:, e, :])
+        if not self._draw_native(self._bitgens, out):
+            for e, bg in enumerate(self._bitgens):
+                self._draw_into(bg, out[:, e, :])
         out = out.reshape(self.chunk, E, *self.shape)
         extra = None if self.transform is None else np.ascontiguousarray(self.transform(out))
         return states, out, extra
@@ -295,8 +302,29 @@ class UniformStream:
         if self._pool is not None:
             self._pending = self._pool.submit(self._generate)
 
+    def _draw_native(self, bitgens: Sequence[np.random.SFC64], out: np.ndarray) -> bool:
+        """Fill ``out`` (rows, len(bitgens), n), column block ``e`` from ``bitgens[e]``, with the
+        native fill, bit for bit as :meth:`_draw_into`; False (nothing drawn) when it does not apply."""
+        ivs = self.range.intervals
+        if not _USE_NATIVE_FILL or len(ivs) != 1 or out.ndim != 3 or out.strides[2] != out.itemsize:
+            return False
+        from nalu_cuda import _ops
+
+        fill = getattr(_ops.fast, "sfc64_uniform_fill", None)
+        if fill is None:  # extension not built (or the CMake library, which has no Python entry points)
+            return False
+        states = [bg.state for bg in bitgens]
+        words = np.stack([st["state"]["state"] for st in states]).view(np.int64)  # (G, 4), a copy
+        lo, hi = ivs[0]
+        fill(torch.from_numpy(words), torch.from_numpy(out), lo, hi, ivs == ((1.0, 2.0),))
+        for bg, st, new in zip(bitgens, states, words.view(np.uint64)):
+            bg.state = {**st, "state": {"state": new}}  # has_uint32 / uinteger unchanged, as random_raw
+        return True
+
     def _draw_into(self, bg: np.random.SFC64, out: np.ndarray) -> None:
         """Fill ``out`` (any shape, possibly strided) in C order from ``bg``."""
+        if out.ndim == 2 and self._draw_native([bg], out[:, None, :]):
+            return
         n = out.size
         words = bg.random_raw((n + 1) // 2).view(np.uint32)[:n].reshape(out.shape)
         ivs = self.range.intervals

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+import nalu_cuda
 from nalu_cuda.experiments import arithmetic as ar
 
 
@@ -83,3 +84,104 @@ def test_ops_and_aliases():
     assert ar.canonical_op("sqrt") == "root" and ar.canonical_op("*") == "mul"
     with pytest.raises(ValueError, match="unknown operation"):
         ar.canonical_op("pow")
+
+
+# ------------------------------------------------------------------------------------------------
+# The native fill (csrc/cpu/uniform_fill.cpp) against the numpy code of UniformStream._draw_into
+# ------------------------------------------------------------------------------------------------
+
+_native = getattr(nalu_cuda._ops.fast, "sfc64_uniform_fill", None)
+needs_native = pytest.mark.skipif(_native is None, reason="native extension not built")
+
+
+class _CountingFast:
+    """Stands in for nalu_cuda._C, counting the calls of the native fill."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def sfc64_uniform_fill(self, *args):
+        self.calls += 1
+        return _native(*args)
+
+
+def _draw(monkeypatch, native, seeds, shape, rng, chunk, steps, has_uint32=0, uinteger=0):
+    monkeypatch.setattr(ar, "_USE_NATIVE_FILL", native)
+    fast = _CountingFast()
+    if _native is not None:
+        monkeypatch.setattr(nalu_cuda._ops, "fast", fast)
+    s = ar.UniformStream(seeds, shape, ar.parse_range(rng), chunk=chunk)
+    for bg in s._bitgens:  # random_raw leaves the buffered half-word alone; so must the native fill
+        bg.state = {**bg.state, "has_uint32": has_uint32, "uinteger": uinteger}
+    xs = torch.stack([s.next().clone() for _ in range(steps)])
+    used_native = fast.calls > 0
+    assert used_native == (native and _native is not None and len(ar.parse_range(rng).intervals) == 1)
+    return xs.view(torch.int32), [bg.state for bg in s._bitgens]
+
+
+def _same_states(a, b):
+    return all(x["bit_generator"] == y["bit_generator"] and np.array_equal(x["state"]["state"], y["state"]["state"])
+               and x["has_uint32"] == y["has_uint32"] and x["uinteger"] == y["uinteger"] for x, y in zip(a, b))
+
+
+@needs_native
+@pytest.mark.parametrize("rng", [[1, 2], [-2, 3], [0.1, 0.2], [1e-3, 7.3e4]])
+@pytest.mark.parametrize("seeds,shape,chunk", [
+    ([0], (5, 3), 1),             # odd n: pairs straddle rows; one generator (scalar code)
+    ([1, 2, 3], (4, 2), 3),       # even n
+    ([4, 7, 9, 11, 13], (67, 3), 4),  # four generators on AVX2 + one scalar; blocks straddle rows
+    (list(range(8)), (1,), 3),    # n = 1
+    (list(range(9)), (129,), 2),  # a block and a bit per row
+])
+def test_native_fill_bit_identical_to_numpy(monkeypatch, rng, seeds, shape, chunk):
+    extra = dict(has_uint32=1, uinteger=12345) if len(seeds) == 3 else {}
+    got, got_states = _draw(monkeypatch, True, seeds, shape, rng, chunk, 2 * chunk + 1, **extra)
+    want, want_states = _draw(monkeypatch, False, seeds, shape, rng, chunk, 2 * chunk + 1, **extra)
+    assert torch.equal(got, want)
+    assert _same_states(got_states, want_states)
+
+
+@needs_native
+@pytest.mark.parametrize("raw", [False, True])
+def test_native_fill_one_generator_strided_rows(raw):
+    # A (rows, n) view with a row stride, as UniformStream._draw_into passes it; odd rows * n.
+    lo, hi = (1.0, 2.0) if raw else (-3.0, 5.0)
+    bg = np.random.SFC64(42)
+    words = bg.random_raw(3 * 7 // 2 + 1).view(np.uint32)[:21].reshape(3, 7)
+    want = ((words >> np.uint32(9)) | np.uint32(0x3F800000)).view(np.float32)
+    if not raw:
+        want = (want - np.float32(1)) * np.float32(hi - lo) + np.float32(lo)
+    base = np.full((3, 2, 7), np.nan, dtype=np.float32)
+    state = np.random.SFC64(42).state["state"]["state"].view(np.int64)
+    _native(torch.from_numpy(state), torch.from_numpy(base[:, 1, :]), lo, hi, raw)
+    assert np.array_equal(base[:, 1, :].view(np.int32), want.view(np.int32))
+    assert np.isnan(base[:, 0, :]).all()  # the other column block is untouched
+    assert np.array_equal(state.view(np.uint64), bg.state["state"]["state"])
+
+
+def test_two_interval_range_uses_numpy(monkeypatch):
+    for r in ([-6, -2, 2, 6], [-3, -2, 1, 5]):  # equal lengths (low bit selects), unequal (second draw)
+        got, got_states = _draw(monkeypatch, True, [3, 5], (7, 3), r, 3, 4)
+        want, want_states = _draw(monkeypatch, False, [3, 5], (7, 3), r, 3, 4)
+        assert torch.equal(got, want) and _same_states(got_states, want_states)
+        x = got.view(torch.float32)
+        assert ((x.abs() >= 2) & (x.abs() <= 6)).all() if r[0] == -6 else ((x >= -3) & (x <= 5)).all()
+
+
+@needs_native
+def test_native_fill_bad_arguments():
+    out = torch.empty(4, 3, 5)
+    with pytest.raises(RuntimeError, match=r"sfc64_uniform_fill: state must be a contiguous int64 .* got a Float"):
+        _native(torch.zeros(3, 4), out, 0.0, 1.0)
+    with pytest.raises(RuntimeError, match=r"sfc64_uniform_fill: state must be .* shape \(4,\) or \(G, 4\)"):
+        _native(torch.zeros(3, 5, dtype=torch.int64), out, 0.0, 1.0)
+    with pytest.raises(RuntimeError, match=r"sfc64_uniform_fill: out must be a float32 CPU tensor, got a Double"):
+        _native(torch.zeros(3, 4, dtype=torch.int64), out.double(), 0.0, 1.0)
+    with pytest.raises(RuntimeError, match=r"size\(1\) must be G = 2 .* got a Float .* shape \[4, 3, 5\]"):
+        _native(torch.zeros(2, 4, dtype=torch.int64), out, 0.0, 1.0)
+    with pytest.raises(RuntimeError, match=r"out must be 2-D \(rows, n\) for a state of shape \(4,\)"):
+        _native(torch.zeros(4, dtype=torch.int64), out, 0.0, 1.0)
+    with pytest.raises(RuntimeError, match=r"last dimension must be contiguous .* strides \[15, 1, 3\]"):
+        _native(torch.zeros(3, 4, dtype=torch.int64), torch.empty(4, 5, 3).transpose(1, 2), 0.0, 1.0)
+    with pytest.raises(RuntimeError, match=r"lo and hi must be finite, got lo = -inf"):
+        _native(torch.zeros(3, 4, dtype=torch.int64), out, float("-inf"), 1.0)

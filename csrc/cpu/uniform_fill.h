@@ -1,0 +1,25 @@
+// uniform_fill.h: float32 uniforms from numpy's SFC64 generator, bit for bit as the numpy code of
+// nalu_cuda.experiments.arithmetic.UniformStream computes them, but in one pass.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace nalu_cuda {
+namespace cpu {
+
+// Fills `out` in C order from SFC64 generators and advances their states in place.
+//
+//   state  int64, contiguous: (4,) for one generator (then `out` is (rows, n)), or (G, 4) for G
+//          generators (then `out` is (rows, G, n) and generator g fills out[:, g, :]). A row of
+//          `state` is numpy's uint64 state array (s[3] is the counter) viewed as int64.
+//   out    float32, last dimension contiguous, other strides free; regions must not overlap.
+//
+// A generator fills its rows*n values from ceil(rows*n / 2) 64-bit outputs, low 32 bits first
+// (numpy's random_raw(...).view(np.uint32)); a pair may straddle two rows, and the unused high
+// half of the last output, when rows*n is odd, is dropped. Value from word u: the float with bits
+// (u >> 9) | 0x3F800000, in [1, 2); unless `raw`, then f = ((f - 1) * float(hi - lo)) + float(lo)
+// in float32 with a rounding after each operation (hi - lo in double first, as Python does).
+void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double lo, double hi, bool raw);
+
+}  // namespace cpu
+}  // namespace nalu_cuda
