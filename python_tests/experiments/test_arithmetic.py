@@ -57,6 +57,25 @@ def test_stream_members_independent_of_ensemble_and_resumable():
     assert all(torch.equal(again.next(), x) for x in nxt)
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_stream_reuses_chunk_memory_only_when_nothing_holds_it(prefetch):
+    r = ar.parse_range([-2, 3])
+    stream = ar.UniformStream([1, 2], (6, 5), r, chunk=3, prefetch=prefetch)
+    fresh = ar.UniformStream([1, 2], (6, 5), r, chunk=3)
+    held = stream.next()  # a batch the caller keeps across many chunks
+    keep = held.clone()
+    assert torch.equal(fresh.next(), keep)
+    ptrs = set()
+    for _ in range(30):
+        x = stream.next()
+        assert torch.equal(x, fresh.next())
+        ptrs.add(x.untyped_storage().data_ptr())
+        del x
+    stream.close()
+    assert torch.equal(held, keep)  # never overwritten while referenced
+    assert len(ptrs) <= 3 < 30 // 3  # chunks drawn into recycled arrays, not fresh memory
+
+
 def test_stream_values_in_range_and_union():
     x = ar.UniformStream([0], (20000,), ar.parse_range([-6, -2, 2, 6])).next()
     assert ((x.abs() >= 2) & (x.abs() <= 6)).all()
