@@ -145,41 +145,96 @@ template <typename T, bool ADD, bool MUL, Gate GATE>
 void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs<T>& out) {
   const int64_t I = s.I, O = s.O, N = s.N;
   at::parallel_for(0, s.E * N, grain_for(I * (O + 1) * 3), [&](int64_t r0, int64_t r1) {
-    if constexpr (MUL) {
-      // The logs of the whole chunk in one flat loop: one scalar remainder, not one per row.
-      const T* xs = p.x + r0 * I;
-      T* ls = out.lx + r0 * I;
-      const int64_t len = (r1 - r0) * I;
+    // The logs, a block of rows at a time in one flat loop (one scalar remainder per block, not
+    // per row), just before the block's products read them back from L1.
+    constexpr int64_t kLogRows = 32;
+    int64_t logged = r0;
+    auto log_rows_from = [&](int64_t r) {
+      if constexpr (MUL) {
+        if (r < logged) return;
+        const int64_t end = std::min(r1, r + kLogRows);
+        const T* xs = p.x + r * I;
+        T* ls = out.lx + r * I;
+        const int64_t len = (end - r) * I;
 #pragma omp simd
-      for (int64_t k = 0; k < len; ++k) ls[k] = nm::log_abs(xs[k], eps);
-    }
-    for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t k = 0; k < len; ++k) ls[k] = nm::log_abs(xs[k], eps);
+        logged = end;
+      }
+    };
+    // The products of row r, output j, go to the epilogue's inputs; exp, sigmoid and the blend
+    // follow, vectorised over the chunk.
+    auto store = [&](int64_t r, int64_t j, T acc_a, T acc_u, T acc_z) {
+      const int64_t o = r * O + j;
+      if constexpr (ADD && MUL) {
+        out.a[o] = acc_a;
+        out.m[o] = acc_u;
+        if constexpr (GATE == Gate::kInput) out.g[o] = acc_z;
+      } else if constexpr (ADD) {
+        out.y[o] = acc_a;
+      } else {
+        out.y[o] = acc_u;
+      }
+    };
+    for (int64_t r = r0; r < r1;) {
       const int64_t e = r / N;
-      const T* xr = p.x + r * I;
       const T* w = p.W + e * O * I;
       const T* wm = p.Wm + e * O * I;
       const T* gt = GATE == Gate::kInput ? p.G + e * O * I : nullptr;
-      const T* l = MUL ? out.lx + r * I : nullptr;
+      const T* x0 = p.x + r * I;
+      const T* l0 = MUL ? out.lx + r * I : nullptr;
+      log_rows_from(r);
+      if (r + 4 <= r1 && (r + 3) / N == e && (!MUL || r + 4 <= logged)) {
+        // Four rows of one member at once: each weight load serves four dot products.
+        const T *x1 = x0 + I, *x2 = x1 + I, *x3 = x2 + I;
+        const T *l1 = MUL ? l0 + I : nullptr, *l2 = MUL ? l1 + I : nullptr, *l3 = MUL ? l2 + I : nullptr;
+        for (int64_t j = 0; j < O; ++j) {
+          const T* wj = w + j * I;
+          const T* wmj = wm + j * I;
+          const T* gj = GATE == Gate::kInput ? gt + j * I : nullptr;
+          T a0 = 0, a1 = 0, a2 = 0, a3 = 0, u0 = 0, u1 = 0, u2 = 0, u3 = 0, z0 = 0, z1 = 0, z2 = 0, z3 = 0;
+#pragma omp simd reduction(+ : a0, a1, a2, a3, u0, u1, u2, u3, z0, z1, z2, z3)
+          for (int64_t i = 0; i < I; ++i) {
+            if constexpr (ADD) {
+              const T wv = wj[i];
+              a0 += x0[i] * wv;
+              a1 += x1[i] * wv;
+              a2 += x2[i] * wv;
+              a3 += x3[i] * wv;
+            }
+            if constexpr (MUL) {
+              const T wv = wmj[i];
+              u0 += l0[i] * wv;
+              u1 += l1[i] * wv;
+              u2 += l2[i] * wv;
+              u3 += l3[i] * wv;
+            }
+            if constexpr (GATE == Gate::kInput) {
+              const T gv = gj[i];
+              z0 += x0[i] * gv;
+              z1 += x1[i] * gv;
+              z2 += x2[i] * gv;
+              z3 += x3[i] * gv;
+            }
+          }
+          store(r, j, a0, u0, z0);
+          store(r + 1, j, a1, u1, z1);
+          store(r + 2, j, a2, u2, z2);
+          store(r + 3, j, a3, u3, z3);
+        }
+        r += 4;
+        continue;
+      }
       for (int64_t j = 0; j < O; ++j) {
         T acc_a = 0, acc_u = 0, acc_z = 0;
 #pragma omp simd reduction(+ : acc_a, acc_u, acc_z)
         for (int64_t i = 0; i < I; ++i) {
-          if constexpr (ADD) acc_a += xr[i] * w[j * I + i];
-          if constexpr (MUL) acc_u += l[i] * wm[j * I + i];
-          if constexpr (GATE == Gate::kInput) acc_z += xr[i] * gt[j * I + i];
+          if constexpr (ADD) acc_a += x0[i] * w[j * I + i];
+          if constexpr (MUL) acc_u += l0[i] * wm[j * I + i];
+          if constexpr (GATE == Gate::kInput) acc_z += x0[i] * gt[j * I + i];
         }
-        // The products now; exp, sigmoid and the blend below, vectorised over the chunk.
-        const int64_t o = r * O + j;
-        if constexpr (ADD && MUL) {
-          out.a[o] = acc_a;
-          out.m[o] = acc_u;
-          if constexpr (GATE == Gate::kInput) out.g[o] = acc_z;
-        } else if constexpr (ADD) {
-          out.y[o] = acc_a;
-        } else {
-          out.y[o] = acc_u;
-        }
+        store(r, j, acc_a, acc_u, acc_z);
       }
+      ++r;
     }
     // Epilogue over the chunk's outputs [r0 * O, r1 * O): m = exp(u), g = sigmoid(z), y = blend.
     const int64_t k0 = r0 * O, k1 = r1 * O;
@@ -270,7 +325,10 @@ void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Sav
 
   at::parallel_for(0, E * chunks, grain_for(std::min(N, chunk_rows) * row_work), [&](int64_t t0, int64_t t1) {
     std::vector<T> sx(MUL && compute_grad_x ? I : 0);
-    std::array<T, kRowwiseMaxOut> da{}, du{}, dz{};
+    // Output gradients of a group of up to kGroup rows: the weight gradients take the group's rows
+    // in one pass (one load and store of the partial sums per kGroup rows instead of per row).
+    constexpr int kGroup = 4;
+    std::array<std::array<T, kRowwiseMaxOut>, kGroup> da{}, du{}, dz{};
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t e = t / chunks, c = t % chunks;
       T* part = partials.data() + t * part_size;
@@ -281,65 +339,101 @@ void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Sav
       const T* w = p.W + e * OI;
       const T* wm = p.Wm + e * OI;
       const T* gt = kGateIn ? p.G + e * OI : nullptr;
-      const int64_t n1 = std::min(N, (c + 1) * chunk_rows);
-      for (int64_t n = c * chunk_rows; n < n1; ++n) {
-        const int64_t r = e * N + n;
-        const T* xr = p.x + r * I;
-        const T* l = MUL ? sv.lx + r * I : nullptr;
-        for (int64_t j = 0; j < O; ++j) {
-          const int64_t o = r * O + j;
-          output_grads<T, ADD, MUL>(dy[o], ADD && MUL ? sv.a[o] : T(0), MUL ? sv.m[o] : T(0),
-                                    gate_at<T, GATE>(sv.g, o, NO, O), &da[j], &du[j], &dz[j]);
-        }
-        if (compute_grad_x) {
-          T* dxr = out.dx + r * I;
-          T* sg = sx.data();
-          if constexpr (MUL) {
-#pragma omp simd
-            for (int64_t i = 0; i < I; ++i) sg[i] = nm::log_abs_grad(xr[i], eps);
-          }
-          // One vectorised pass over the row per output (O is small; the row stays in L1).
-          std::fill(dxr, dxr + I, T(0));
-          for (int64_t j = 0; j < O; ++j) {
-            const T* wj = w + j * I;
-            const T* wmj = wm + j * I;
-            const T* gj = kGateIn ? gt + j * I : nullptr;
-            const T daj = da[j], duj = du[j], dzj = dz[j];
-#pragma omp simd
-            for (int64_t i = 0; i < I; ++i) {
-              T v = 0;
-              if constexpr (ADD) v += daj * wj[i];
-              if constexpr (kGateIn) v += dzj * gj[i];
-              if constexpr (MUL) v += sg[i] * duj * wmj[i];
-              dxr[i] += v;
-            }
-          }
+
+      // Rows n0 .. n0 + R - 1 (group slots k0 .. k0 + R - 1) into the partial weight gradients.
+      auto accumulate = [&]<int R>(int64_t n0, int k0) {
+        const T* xs[R];
+        const T* ls[R];
+        for (int k = 0; k < R; ++k) {
+          xs[k] = p.x + (e * N + n0 + k) * I;
+          ls[k] = MUL ? sv.lx + (e * N + n0 + k) * I : nullptr;
         }
         for (int64_t j = 0; j < O; ++j) {
+          T ca[R], cu[R], cz[R];
+          for (int k = 0; k < R; ++k) {
+            ca[k] = da[k0 + k][j];
+            cu[k] = du[k0 + k][j];
+            cz[k] = dz[k0 + k][j];
+          }
           T* gw = pW + j * I;
           T* gwm = pWm + j * I;
-          const T daj = da[j], duj = du[j], dzj = dz[j];
           if (sep) {
 #pragma omp simd
             for (int64_t i = 0; i < I; ++i) {
-              gw[i] += xr[i] * daj;
-              gwm[i] += l[i] * duj;
+              T v = 0, vm = 0;
+              for (int k = 0; k < R; ++k) {
+                v += xs[k][i] * ca[k];
+                vm += ls[k][i] * cu[k];
+              }
+              gw[i] += v;
+              gwm[i] += vm;
             }
           } else {
 #pragma omp simd
             for (int64_t i = 0; i < I; ++i) {
               T v = 0;
-              if constexpr (ADD) v += xr[i] * daj;
-              if constexpr (MUL) v += l[i] * duj;
+              for (int k = 0; k < R; ++k) {
+                if constexpr (ADD) v += xs[k][i] * ca[k];
+                if constexpr (MUL) v += ls[k][i] * cu[k];
+              }
               gw[i] += v;
             }
           }
           if constexpr (kGateIn) {
             T* gg = pG + j * I;
 #pragma omp simd
-            for (int64_t i = 0; i < I; ++i) gg[i] += xr[i] * dzj;
+            for (int64_t i = 0; i < I; ++i) {
+              T v = 0;
+              for (int k = 0; k < R; ++k) v += xs[k][i] * cz[k];
+              gg[i] += v;
+            }
           }
-          if constexpr (GATE == Gate::kIndependent) pG[j] += dzj;
+          if constexpr (GATE == Gate::kIndependent) {
+            for (int k = 0; k < R; ++k) pG[j] += cz[k];
+          }
+        }
+      };
+
+      const int64_t n1 = std::min(N, (c + 1) * chunk_rows);
+      for (int64_t g0 = c * chunk_rows; g0 < n1; g0 += kGroup) {
+        const int rows = static_cast<int>(std::min<int64_t>(kGroup, n1 - g0));
+        for (int k = 0; k < rows; ++k) {
+          const int64_t r = e * N + g0 + k;
+          for (int64_t j = 0; j < O; ++j) {
+            const int64_t o = r * O + j;
+            output_grads<T, ADD, MUL>(dy[o], ADD && MUL ? sv.a[o] : T(0), MUL ? sv.m[o] : T(0),
+                                      gate_at<T, GATE>(sv.g, o, NO, O), &da[k][j], &du[k][j], &dz[k][j]);
+          }
+          if (compute_grad_x) {
+            const T* xr = p.x + r * I;
+            T* dxr = out.dx + r * I;
+            T* sg = sx.data();
+            if constexpr (MUL) {
+#pragma omp simd
+              for (int64_t i = 0; i < I; ++i) sg[i] = nm::log_abs_grad(xr[i], eps);
+            }
+            // One vectorised pass over the row per output (O is small; the row stays in L1).
+            std::fill(dxr, dxr + I, T(0));
+            for (int64_t j = 0; j < O; ++j) {
+              const T* wj = w + j * I;
+              const T* wmj = wm + j * I;
+              const T* gj = kGateIn ? gt + j * I : nullptr;
+              const T daj = da[k][j], duj = du[k][j], dzj = dz[k][j];
+#pragma omp simd
+              for (int64_t i = 0; i < I; ++i) {
+                T v = 0;
+                if constexpr (ADD) v += daj * wj[i];
+                if constexpr (kGateIn) v += dzj * gj[i];
+                if constexpr (MUL) v += sg[i] * duj * wmj[i];
+                dxr[i] += v;
+              }
+            }
+          }
+        }
+        if (rows == kGroup) {
+          accumulate.template operator()<kGroup>(g0, 0);
+        } else {
+          for (int k = 0; k < rows; ++k) accumulate.template operator()<1>(g0 + k, k);
         }
       }
     }
