@@ -337,9 +337,7 @@ class UniformStream:
         return True
 
     def _draw_into(self, bg: np.random.SFC64, out: np.ndarray) -> None:
-        """Fill ``out`` (any shape, possibly strided) in C order from ``bg``."""
-        if out.ndim == 2 and self._draw_native([bg], out[:, None, :]):
-            return
+        """Fill ``out`` (any shape, possibly strided) in C order from ``bg`` with numpy."""
         n = out.size
         words = bg.random_raw((n + 1) // 2).view(np.uint32)[:n].reshape(out.shape)
         ivs = self.range.intervals

@@ -163,7 +163,7 @@ def test_native_fill_bit_identical_to_numpy(monkeypatch, rng, seeds, shape, chun
 @needs_native
 @pytest.mark.parametrize("raw", [False, True])
 def test_native_fill_one_generator_strided_rows(raw):
-    # A (rows, n) view with a row stride, as UniformStream._draw_into passes it; odd rows * n.
+    # A (rows, n) view with a row stride (one member's block of a chunk); odd rows * n.
     lo, hi = (1.0, 2.0) if raw else (-3.0, 5.0)
     bg = np.random.SFC64(42)
     words = bg.random_raw(3 * 7 // 2 + 1).view(np.uint32)[:21].reshape(3, 7)
