@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(_experiment=exp.name)
     r = sub.add_parser("reproduce", help="run every experiment's profile and write one report",
                        description="Run the configurations of every registered experiment at a profile: 'quick' "
-                                   "(about 15 minutes for the arithmetic experiments on 2 CPU cores) or 'paper' "
+                                   "(about 15 minutes for every experiment on 2 idle CPU cores) or 'paper' "
                                    "(the published budgets; days on a CPU, meant for a GPU).")
     r.add_argument("--profile", choices=("quick", "paper"), default="quick", help="budget (default: quick)")
     r.add_argument("--only", nargs="+", metavar="EXPERIMENT", default=None,
