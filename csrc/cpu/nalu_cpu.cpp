@@ -18,19 +18,6 @@ const std::vector<at::ScalarType>& cpu_dtypes() {
   return kTypes;
 }
 
-bool use_avx2() {
-#ifdef NALU_CPU_HAVE_AVX2
-  static const bool kUse = [] {
-    const char* forced = std::getenv("NALU_CUDA_CPU_ISA");
-    if (forced != nullptr && std::strcmp(forced, "base") == 0) return false;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return kUse;
-#else
-  return false;
-#endif
-}
-
 #ifdef NALU_CPU_HAVE_AVX2
 #define NALU_CPU_CALL(fn, ...) (use_avx2() ? avx2::fn(__VA_ARGS__) : base::fn(__VA_ARGS__))
 #else
@@ -135,6 +122,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 }
 
 }  // namespace
+
+bool use_avx2() {
+#ifdef NALU_CPU_HAVE_AVX2
+  static const bool kUse = [] {
+    const char* forced = std::getenv("NALU_CUDA_CPU_ISA");
+    if (forced != nullptr && std::strcmp(forced, "base") == 0) return false;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return kUse;
+#else
+  return false;
+#endif
+}
+
 }  // namespace cpu
 
 TORCH_LIBRARY_IMPL(nalu_cuda, CPU, m) {

@@ -64,5 +64,9 @@ NALU_CPU_DECLARE_KERNELS(base)
 NALU_CPU_DECLARE_KERNELS(avx2)
 #endif
 
+// Whether to run the AVX2 + FMA code: the processor has it and NALU_CUDA_CPU_ISA is not "base"
+// (decided once per process).
+bool use_avx2();
+
 }  // namespace cpu
 }  // namespace nalu_cuda

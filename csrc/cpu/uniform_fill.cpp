@@ -6,12 +6,13 @@
 // instructions, straight into the rows of `out`.
 #include "uniform_fill.h"
 
+#include "nalu_cpu.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -197,20 +198,6 @@ void fill_four_avx2(uint64_t* const state[4], const Cursor starts[4], int64_t to
 
 #pragma GCC pop_options
 #endif  // NALU_FILL_HAVE_AVX2
-
-bool use_avx2() {
-#ifdef NALU_FILL_HAVE_AVX2
-  // NALU_CUDA_CPU_ISA=base forces the baseline code, as for the CPU kernels (csrc/cpu/nalu_cpu.cpp).
-  static const bool kUse = [] {
-    const char* forced = std::getenv("NALU_CUDA_CPU_ISA");
-    if (forced != nullptr && std::strcmp(forced, "base") == 0) return false;
-    return static_cast<bool>(__builtin_cpu_supports("avx2"));
-  }();
-  return kUse;
-#else
-  return false;
-#endif
-}
 
 std::string describe(const at::Tensor& t) {
   std::ostringstream s;
