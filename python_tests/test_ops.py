@@ -215,6 +215,29 @@ def _op_samples(device):
     return samples
 
 
+@pytest.mark.parametrize("unit", list(UNITS))
+def test_cpu_results_do_not_depend_on_the_thread_count(unit):
+    # Rows are split between threads at fixed boundaries and weight-gradient partials are summed
+    # in a fixed order, so 1 and 2 threads must agree bit for bit (shapes big enough to split).
+    before = torch.get_num_threads()
+    try:
+        for E, batch, I, O in [(3, (130,), 100, 2), (None, (1001,), 37, 3), (5, (77,), 9, 1), (2, (515,), 20, 16)]:
+            args, kw = make_args(unit, E, batch, I, O, torch.float32, "cpu")
+            gy = None
+            runs = []
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                b = [t.detach().clone().requires_grad_() for t in args]
+                y = UNITS[unit][1](*b, **kw)
+                gy = torch.randn_like(y) if gy is None else gy
+                y.backward(gy)
+                runs.append([y] + [t.grad for t in b])
+            for one, two in zip(*runs):
+                assert torch.equal(one, two), (unit, E, batch, I, O)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
     for op, args in _op_samples(device):

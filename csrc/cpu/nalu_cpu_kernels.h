@@ -144,21 +144,27 @@ struct OutPtrs {
 template <typename T, bool ADD, bool MUL, Gate GATE>
 void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs<T>& out) {
   const int64_t I = s.I, O = s.O, N = s.N;
-  at::parallel_for(0, s.E * N, grain_for(I * (O + 1) * 3), [&](int64_t r0, int64_t r1) {
+  // Rows go four at a time (below) in quads aligned to multiples of 4 of the flat row index, and
+  // the threads split the rows at quad boundaries: whether a row is computed in a quad or alone
+  // depends on the row, never on the thread count, so neither do the results.
+  const int64_t rows = s.E * N;
+  at::parallel_for(0, (rows + 3) / 4, grain_for(4 * I * (O + 1) * 3), [&](int64_t q0, int64_t q1) {
+    const int64_t r0 = 4 * q0, r1 = std::min(rows, 4 * q1);
     // The logs, a block of rows at a time in one flat loop (one scalar remainder per block, not
     // per row), just before the block's products read them back from L1.
     constexpr int64_t kLogRows = 32;
     int64_t logged = r0;
-    auto log_rows_from = [&](int64_t r) {
+    auto log_rows_until = [&](int64_t upto) {
       if constexpr (MUL) {
-        if (r < logged) return;
-        const int64_t end = std::min(r1, r + kLogRows);
-        const T* xs = p.x + r * I;
-        T* ls = out.lx + r * I;
-        const int64_t len = (end - r) * I;
+        while (logged < upto) {
+          const int64_t end = std::min(r1, logged + kLogRows);
+          const T* xs = p.x + logged * I;
+          T* ls = out.lx + logged * I;
+          const int64_t len = (end - logged) * I;
 #pragma omp simd
-        for (int64_t k = 0; k < len; ++k) ls[k] = nm::log_abs(xs[k], eps);
-        logged = end;
+          for (int64_t k = 0; k < len; ++k) ls[k] = nm::log_abs(xs[k], eps);
+          logged = end;
+        }
       }
     };
     // The products of row r, output j, go to the epilogue's inputs; exp, sigmoid and the blend
@@ -182,8 +188,8 @@ void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs
       const T* gt = GATE == Gate::kInput ? p.G + e * O * I : nullptr;
       const T* x0 = p.x + r * I;
       const T* l0 = MUL ? out.lx + r * I : nullptr;
-      log_rows_from(r);
-      if (r + 4 <= r1 && (r + 3) / N == e && (!MUL || r + 4 <= logged)) {
+      log_rows_until(std::min(r1, r + 4));
+      if (r % 4 == 0 && r + 4 <= r1 && (r + 3) / N == e) {
         // Four rows of one member at once: each weight load serves four dot products.
         const T *x1 = x0 + I, *x2 = x1 + I, *x3 = x2 + I;
         const T *l1 = MUL ? l0 + I : nullptr, *l2 = MUL ? l1 + I : nullptr, *l3 = MUL ? l2 + I : nullptr;
