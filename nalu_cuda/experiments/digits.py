@@ -28,7 +28,6 @@ Images: scikit-learn's bundled 8x8 digits by default, MNIST IDX files with ``--m
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -38,7 +37,7 @@ from torch import Tensor, nn
 
 from . import registry
 from .exp2_common import (add_backend_argument, fmt_ci, fmt_num, interval_summary, resolve_backend, resolve_device,
-                          seed_list, train_ensemble)
+                          run_options, seed_list, train_ensemble)
 from .mnist import DigitImages, load_digit_images
 from .recurrent_units import (EnsembleAdam, EnsembleCNN, EnsembleLinear, ensemble_gather, make_recurrent,
                               member_generators)
@@ -372,10 +371,7 @@ def configs(args: argparse.Namespace) -> List[registry.Config]:
         params["mnist_dir"] = os.path.abspath(args.mnist_dir)
     if getattr(args, "max_train", None):
         params["max_train"] = int(args.max_train)
-    if getattr(args, "backend", None):
-        params["backend"] = args.backend
-    seeds = args.seeds if args.seeds is not None else PROFILES["quick"]["seeds"]
-    steps = args.steps if args.steps is not None else PROFILES["quick"]["steps"]
+    seeds, steps = run_options(args, params, PROFILES["quick"])
     return make_configs(tasks, models, seeds, steps, **params)
 
 
@@ -426,12 +422,11 @@ def _verdict(by: Dict[str, registry.ConfigResult], task: str, lengths: Sequence[
 
 
 def _plot(results: Sequence[registry.ConfigResult], out_dir: str, lengths: Sequence[int]) -> Optional[str]:
-    try:
-        import matplotlib
+    from .report import plt as pyplot, save_figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
+    try:
+        plt = pyplot()
+    except Exception:  # no matplotlib: the report goes without the figure
         return None
     by = {r.config.name: r.summary for r in results}
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), squeeze=False)
@@ -470,11 +465,7 @@ def _plot(results: Sequence[registry.ConfigResult], out_dir: str, lengths: Seque
             ax.set_xlabel("sequence length (train: 10)")
             if any_line:
                 ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "digits_lengths.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return os.path.basename(path)
+    return save_figure(fig, out_dir, "digits_lengths.png")
 
 
 def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> str:

@@ -13,7 +13,7 @@ import argparse
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +32,16 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
                             help="implementation of the NAC/NALU layers (default auto: fused where a kernel exists)")
     except argparse.ArgumentError:
         pass
+
+
+def run_options(args: argparse.Namespace, params: Dict[str, Any], quick: Dict[str, Any]) -> Tuple[int, int]:
+    """The common options of a subcommand: ``--backend`` into ``params`` when given; ``(seeds, steps)``
+    from ``--seeds``/``--steps``, else the experiment's quick profile (``quick``)."""
+    if getattr(args, "backend", None):
+        params["backend"] = args.backend
+    seeds = args.seeds if args.seeds is not None else quick["seeds"]
+    steps = args.steps if args.steps is not None else quick["steps"]
+    return seeds, steps
 
 
 def resolve_backend(config: Config, ctx: Context) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -23,7 +22,7 @@ import torch
 from . import arithmetic as ar
 from .ensemble import ACTIVATIONS, StackedNet, check_model, member_generators
 from .registry import Config, ConfigResult, Context, Experiment, RunOutput, default_summary, register
-from .training import EvalSet, evaluate_mse, train_ensemble
+from .training import EvalSet, train_ensemble
 
 __all__ = ["EXPERIMENT", "identity_config", "run_identity", "IDENTITY_MODELS"]
 
@@ -218,7 +217,7 @@ def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
 
 
 def _plot_fig1(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]:
-    from .report import plt
+    from .report import plt, save_figure
 
     pyplot = plt()
     fig, ax = pyplot.subplots(figsize=(7.5, 4.5))
@@ -240,11 +239,7 @@ def _plot_fig1(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]:
     ax.set_ylim(0, 25)  # NALU's log path spikes near x = 0 (|x| + eps -> eps): clipped
     ax.set_title("MLPs (3 x 8 hidden) trained on y = x")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    name = "identity_fig1.png"
-    fig.savefig(os.path.join(out_dir, name), dpi=110)
-    pyplot.close(fig)
-    return name
+    return save_figure(fig, out_dir, "identity_fig1.png")
 
 
 EXPERIMENT = register(Experiment(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -35,7 +34,7 @@ import nalu_cuda
 
 from . import registry
 from .exp2_common import (add_backend_argument, fmt_ci, fmt_num, interval_summary, resolve_backend, resolve_device,
-                          seed_list, train_ensemble)
+                          run_options, seed_list, train_ensemble)
 from .recurrent_units import EnsembleAdam, EnsembleEmbedding, EnsembleLinear, EnsembleLSTM, member_generators
 
 NAME = "language"
@@ -335,10 +334,7 @@ def configs(args: argparse.Namespace) -> List[registry.Config]:
     if not hidden or min(hidden) < 1 or not lrs or min(lrs) <= 0 or args.emb < 1:
         raise ValueError("--hidden, --emb and --lrs must be positive")
     params: Dict[str, Any] = {"sizes": [[args.emb, h] for h in hidden], "lrs": lrs, "split_seed": args.split_seed}
-    if getattr(args, "backend", None):
-        params["backend"] = args.backend
-    seeds = args.seeds if args.seeds is not None else PROFILES["quick"]["seeds"]
-    steps = args.steps if args.steps is not None else PROFILES["quick"]["steps"]
+    seeds, steps = run_options(args, params, PROFILES["quick"])
     return make_configs(heads, seeds, steps, **params)
 
 
@@ -425,12 +421,11 @@ def _plot_fig3(by: Dict[str, registry.ConfigResult], out_dir: str) -> Optional[s
     nalu = by.get("nalu")
     if nalu is None or not (nalu.extra or {}).get("fig3"):
         return None
-    try:
-        import matplotlib
+    from .report import plt as pyplot, save_figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
+    try:
+        plt = pyplot()
+    except Exception:  # no matplotlib: the report goes without the figure
         return None
     items = nalu.extra["fig3"]
     fig, axes = plt.subplots(1, len(items), figsize=(3.2 * len(items), 3.2), squeeze=False)
@@ -447,11 +442,7 @@ def _plot_fig3(by: Dict[str, registry.ConfigResult], out_dir: str) -> Optional[s
         ax.set_title(str(it["number"]), fontsize=9)
     axes[0][0].set_ylabel("output after each token")
     axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "language_fig3.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return os.path.basename(path)
+    return save_figure(fig, out_dir, "language_fig3.png")
 
 
 def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> str:

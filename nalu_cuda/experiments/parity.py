@@ -30,10 +30,10 @@ from torch import Tensor, nn
 import nalu_cuda
 
 from . import registry
-from .exp2_common import (add_backend_argument, fmt_ci, fmt_num, interval_summary, resolve_backend, resolve_device,
-                          seed_list, train_ensemble)
+from .exp2_common import (add_backend_argument, fmt_ci, interval_summary, resolve_backend, resolve_device,
+                          run_options, seed_list, train_ensemble)
 from .mnist import load_digit_images
-from .recurrent_units import EnsembleAdam, EnsembleCNN, EnsembleLinear, ensemble_gather, member_generators
+from .recurrent_units import EnsembleAdam, EnsembleCNN, EnsembleLinear, member_generators
 
 NAME = "parity"
 FINALS = ("affine", "nac", "nac-bias", "linear-nobias")
@@ -200,10 +200,7 @@ def configs(args: argparse.Namespace) -> List[registry.Config]:
         params["mnist_dir"] = os.path.abspath(args.mnist_dir)
     if getattr(args, "max_train", None):
         params["max_train"] = int(args.max_train)
-    if getattr(args, "backend", None):
-        params["backend"] = args.backend
-    seeds = args.seeds if args.seeds is not None else PROFILES["quick"]["seeds"]
-    steps = args.steps if args.steps is not None else PROFILES["quick"]["steps"]
+    seeds, steps = run_options(args, params, PROFILES["quick"])
     return make_configs(finals, seeds, steps, **params)
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import random
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -39,7 +38,7 @@ import nalu_cuda
 
 from . import registry
 from .exp2_common import (add_backend_argument, fmt_ci, fmt_num, interval_summary, resolve_backend, resolve_device,
-                          seed_list, train_ensemble)
+                          run_options, seed_list, train_ensemble)
 from .recurrent_units import EnsembleAdam, EnsembleEmbedding, EnsembleLinear, ensemble_gather, make_recurrent, \
     member_generators
 
@@ -263,10 +262,7 @@ def configs(args: argparse.Namespace) -> List[registry.Config]:
     if args.hidden < 1:
         raise ValueError(f"--hidden must be positive, got {args.hidden}")
     params: Dict[str, Any] = {"hidden": args.hidden}
-    if getattr(args, "backend", None):
-        params["backend"] = args.backend
-    seeds = args.seeds if args.seeds is not None else PROFILES["quick"]["seeds"]
-    steps = args.steps if args.steps is not None else PROFILES["quick"]["steps"]
+    seeds, steps = run_options(args, params, PROFILES["quick"])
     return make_configs(tasks, models, seeds, steps, **params)
 
 
@@ -284,12 +280,11 @@ LABELS = {"lstm": "LSTM", "ugrnn": "UGRNN", "nalu": "LSTM + NALU"}
 
 
 def _plot(results: Sequence[registry.ConfigResult], out_dir: str) -> Optional[str]:
-    try:
-        import matplotlib
+    from .report import plt as pyplot, save_figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
+    try:
+        plt = pyplot()
+    except Exception:  # no matplotlib: the report goes without the figure
         return None
     by = {(r.config.params.get("task"), r.config.params.get("model")): r for r in results}
     tasks = [t for t in TASKS if any(k[0] == t for k in by)]
@@ -328,11 +323,7 @@ def _plot(results: Sequence[registry.ConfigResult], out_dir: str) -> Optional[st
                 ax.set_xlabel("training step", fontsize=8)
                 if di == 0 and ti == 0 and mi == 0:
                     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "programs_fig4.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return os.path.basename(path)
+    return save_figure(fig, out_dir, "programs_fig4.png", dpi=100)
 
 
 LEARNED_R2 = 0.8  # validation R^2 from which a model counts as having learned the training domain

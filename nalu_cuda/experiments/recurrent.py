@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -321,19 +320,15 @@ def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
 
 
 def _plot_lengths(results, out_dir) -> Optional[str]:
-    from .report import plt
+    from .report import op_grid, save_figure
 
     curves = [(r.config.params["model"], op, r.extra["length_curve"]["lengths"], med)
               for r in results if r.extra.get("length_curve") for op, med in r.extra["length_curve"]["median_mse"].items()]
     if not curves:
         return None
     ops = [op for op in ar.OPS if any(c[1] == op for c in curves)]
-    pyplot = plt()
-    cols = min(3, len(ops))
-    rows = (len(ops) + cols - 1) // cols
-    fig, axes = pyplot.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
-    for i, op in enumerate(ops):
-        ax = axes[i // cols][i % cols]
+    fig, panels = op_grid(len(ops))
+    for op, ax in zip(ops, panels):
         for model, cop, lengths, med in curves:
             if cop == op:
                 ax.plot(lengths, [m if (m is not None and m > 0) else float("nan") for m in med], marker="o", ms=3,
@@ -344,13 +339,7 @@ def _plot_lengths(results, out_dir) -> Optional[str]:
         ax.set_xlabel("sequence length")
         ax.set_ylabel("median MSE")
         ax.legend(fontsize=7)
-    for j in range(len(ops), rows * cols):
-        axes[j // cols][j % cols].axis("off")
-    fig.tight_layout()
-    name = "recurrent_error_vs_length.png"
-    fig.savefig(os.path.join(out_dir, name), dpi=110)
-    pyplot.close(fig)
-    return name
+    return save_figure(fig, out_dir, "recurrent_error_vs_length.png")
 
 
 EXPERIMENT = register(Experiment(

@@ -11,7 +11,7 @@ import os
 import traceback
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .registry import ConfigResult, all_experiments, wilson_interval
+from .registry import ConfigResult, all_experiments
 
 __all__ = ["build_report", "md_table", "fmt_rate", "fmt_num", "MADSEN_SUCCESS", "INALU_SUCCESS", "plt"]
 
@@ -36,6 +36,24 @@ def plt():
     import matplotlib.pyplot as pyplot
 
     return pyplot
+
+
+def op_grid(n: int):
+    """A figure with one panel per operation: ``n`` panels, up to 3 a row; the spare ones hidden."""
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt().subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
+    for j in range(n, rows * cols):
+        axes[j // cols][j % cols].axis("off")
+    return fig, [axes[i // cols][i % cols] for i in range(n)]
+
+
+def save_figure(fig, out_dir: str, name: str, dpi: int = 110) -> str:
+    """Lay out, write ``out_dir/name`` and close ``fig``; returns ``name`` (for the report's link)."""
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, name), dpi=dpi)
+    plt().close(fig)
+    return name
 
 
 def fmt_num(v: Any, digits: int = 3) -> str:

@@ -31,11 +31,9 @@ import json
 import math
 import os
 import platform
-import shutil
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -514,7 +513,7 @@ def _range_stress_table(summ) -> List[str]:
 
 
 def _plot_ranges(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]:
-    from .report import plt
+    from .report import op_grid, save_figure
 
     curves = []
     for r in results:
@@ -530,13 +529,8 @@ def _plot_ranges(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]
     if not curves:
         return None
     ops = [op for op in ar.OPS if any(c[1] == op for c in curves)]
-    pyplot = plt()
-    n = len(ops)
-    cols = min(3, n)
-    rows = (n + cols - 1) // cols
-    fig, axes = pyplot.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
-    for i, op in enumerate(ops):
-        ax = axes[i // cols][i % cols]
+    fig, panels = op_grid(len(ops))
+    for op, ax in zip(ops, panels):
         for model, cop, scales, med, interp in curves:
             if cop != op:
                 continue
@@ -549,13 +543,7 @@ def _plot_ranges(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]
         ax.set_xlabel("input scale s (1 = training range)")
         ax.set_ylabel("median MSE")
         ax.legend(fontsize=6)
-    for j in range(n, rows * cols):
-        axes[j // cols][j % cols].axis("off")
-    fig.tight_layout()
-    name = "static_error_vs_range.png"
-    fig.savefig(os.path.join(out_dir, name), dpi=110)
-    pyplot.close(fig)
-    return name
+    return save_figure(fig, out_dir, "static_error_vs_range.png")
 
 
 EXPERIMENT = register(Experiment(
