@@ -185,20 +185,31 @@ class _Recurrent(nn.Module):
         return new if m is None else torch.where(m, new, old)
 
 
-class EnsembleLSTM(_Recurrent):
-    """LSTM (PyTorch's gate equations) per member; ``output_sum=True`` also returns the running sum."""
+class _GatedCell(_Recurrent):
+    """A cell with ``x2h`` (input to ``GATES`` blocks of ``hidden_size``, with bias) and ``h2h``
+    (state to the same, bias when ``H2H_BIAS``), initialised as PyTorch's RNNs: U(-1/sqrt(H), 1/sqrt(H))."""
+
+    GATES: int
+    H2H_BIAS: bool
 
     def __init__(self, ensemble: int, input_size: int, hidden_size: int) -> None:
         super().__init__()
         self.hidden_size = hidden_size
-        self.x2h = EnsembleLinear(ensemble, input_size, 4 * hidden_size)
-        self.h2h = EnsembleLinear(ensemble, hidden_size, 4 * hidden_size, bias=False)
+        self.x2h = EnsembleLinear(ensemble, input_size, self.GATES * hidden_size)
+        self.h2h = EnsembleLinear(ensemble, hidden_size, self.GATES * hidden_size, bias=self.H2H_BIAS)
 
     def reset_parameters(self, gens: Sequence[torch.Generator]) -> None:
         bound = 1.0 / math.sqrt(self.hidden_size)
-        _uniform_(self.x2h.weight, bound, gens)
-        _uniform_(self.x2h.bias, bound, gens)
-        _uniform_(self.h2h.weight, bound, gens)
+        for lin in (self.x2h, self.h2h):
+            _uniform_(lin.weight, bound, gens)
+            if lin.bias is not None:
+                _uniform_(lin.bias, bound, gens)
+
+
+class EnsembleLSTM(_GatedCell):
+    """LSTM (PyTorch's gate equations) per member; ``output_sum=True`` also returns the running sum."""
+
+    GATES, H2H_BIAS = 4, False
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         E, B, T, _ = x.shape
@@ -218,20 +229,10 @@ class EnsembleLSTM(_Recurrent):
         return torch.stack(outs, dim=2)
 
 
-class EnsembleGRU(_Recurrent):
+class EnsembleGRU(_GatedCell):
     """GRU (PyTorch's gate equations) per member."""
 
-    def __init__(self, ensemble: int, input_size: int, hidden_size: int) -> None:
-        super().__init__()
-        self.hidden_size = hidden_size
-        self.x2h = EnsembleLinear(ensemble, input_size, 3 * hidden_size)
-        self.h2h = EnsembleLinear(ensemble, hidden_size, 3 * hidden_size)
-
-    def reset_parameters(self, gens: Sequence[torch.Generator]) -> None:
-        bound = 1.0 / math.sqrt(self.hidden_size)
-        for lin in (self.x2h, self.h2h):
-            _uniform_(lin.weight, bound, gens)
-            _uniform_(lin.bias, bound, gens)
+    GATES, H2H_BIAS = 3, True
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         E, B, T, _ = x.shape
@@ -250,21 +251,11 @@ class EnsembleGRU(_Recurrent):
         return torch.stack(outs, dim=2)
 
 
-class EnsembleUGRNN(_Recurrent):
+class EnsembleUGRNN(_GatedCell):
     """Update-gate RNN (Collins, Sohl-Dickstein, Sussillo 2017), the paper's UGRNN baseline:
     ``c = tanh(W_c [x, h] + b_c)``, ``g = sigmoid(W_g [x, h] + b_g)``, ``h = g h + (1 - g) c``."""
 
-    def __init__(self, ensemble: int, input_size: int, hidden_size: int) -> None:
-        super().__init__()
-        self.hidden_size = hidden_size
-        self.x2h = EnsembleLinear(ensemble, input_size, 2 * hidden_size)
-        self.h2h = EnsembleLinear(ensemble, hidden_size, 2 * hidden_size, bias=False)
-
-    def reset_parameters(self, gens: Sequence[torch.Generator]) -> None:
-        bound = 1.0 / math.sqrt(self.hidden_size)
-        _uniform_(self.x2h.weight, bound, gens)
-        _uniform_(self.x2h.bias, bound, gens)
-        _uniform_(self.h2h.weight, bound, gens)
+    GATES, H2H_BIAS = 2, False
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         E, B, T, _ = x.shape
