@@ -48,7 +48,6 @@ import nalu_cuda  # noqa: E402
 from nalu_cuda.experiments import arithmetic as ar  # noqa: E402
 from nalu_cuda.experiments.ensemble import build_static_model, member_generators  # noqa: E402
 from nalu_cuda.experiments.registry import Context  # noqa: E402
-from nalu_cuda.experiments.static import chunk_targets  # noqa: E402
 from nalu_cuda.experiments.training import EvalSet, train_ensemble  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -71,7 +70,7 @@ def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: b
         model = build_static_model(model_name, I, 2, ensemble=E, backend=backend)
         model.reset_parameters(member_generators(seeds))
         stream = ar.UniformStream(seeds, (B, I), interp, chunk=16, prefetch=prefetch,
-                                  transform=chunk_targets(masks.numpy(), ["add"]))
+                                  transform=ar.SumTargets(masks.numpy(), ["add"]))
 
         first = stream.next()
 

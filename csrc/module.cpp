@@ -79,6 +79,8 @@ PYBIND11_MODULE(_C, m) {
   // The training data of nalu_cuda.experiments.arithmetic.UniformStream (csrc/cpu/uniform_fill.h).
   m.def("sfc64_uniform_fill", &nalu_cuda::cpu::sfc64_uniform_fill, release(), pybind11::arg("state"),
         pybind11::arg("out"), pybind11::arg("lo"), pybind11::arg("hi"), pybind11::arg("raw") = false,
+        pybind11::arg("weights") = pybind11::none(), pybind11::arg("sums") = pybind11::none(),
         "Fill out (rows, n), or (rows, G, n) for a state (G, 4), with numpy SFC64 float32 uniforms in "
-        "[lo, hi) ([1, 2) when raw), advancing the int64 state(s) in place.");
+        "[lo, hi) ([1, 2) when raw), advancing the int64 state(s) in place; with weights (G, seg, K) and "
+        "sums (rows, G, n / seg, K), both float64, also the weighted sums of each segment of seg values.");
 }

@@ -16,6 +16,13 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#if defined(__GNUC__)
+#define NALU_HOST_INLINE_FILL inline __attribute__((always_inline))
+#else
+#define NALU_HOST_INLINE_FILL inline
+#endif
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -54,11 +61,68 @@ struct Mapping {
   bool raw;
 };
 
-// Where a generator's next value goes: (row, col) of a (rows, n) block with row stride `stride`.
+// Weighted sums over the segments of a finished row (the optional `weights`/`sums` of
+// sfc64_uniform_fill): generator g's row `row` of n values is n / seg segments; segment b gets
+// sums[row, g, b, k] = sum_i x[b * seg + i] * weights[g, i, k] in float64, over i in the span of
+// nonzero weights of (g, k) only (for the static task's contiguous subsets, the subset itself).
+struct RowSums {
+  const double* weights;  // (G, K, seg): transposed from the caller's (G, seg, K)
+  const int64_t* spans;   // (G, K, 2): [first, last + 1) of the nonzero weights
+  double* out;            // (rows, G, n / seg, K)
+  int64_t gens, seg, K, segs;
+  void (*reduce)(const RowSums&, const float*, int64_t g, int64_t row);
+};
+
+// Where a generator's next value goes: (row, col) of a (rows, n) block with row stride `stride`;
+// `sums` (or null) is told of each finished row.
 struct Cursor {
   float* base;
   int64_t n, stride, row, col;
+  int64_t gen;
+  const RowSums* sums;
 };
+
+// The sums of one finished row, read back while it is still in cache. Each is exact (so
+// independent of the order of its terms) whenever the inputs lie on a grid fine enough for
+// float64 to hold the sum, as the values of every uniform range of the experiments do.
+NALU_HOST_INLINE_FILL void reduce_row_impl(const RowSums& s, const float* x, int64_t g, int64_t row) {
+  const double* w = s.weights + g * s.seg * s.K;
+  const int64_t* span = s.spans + g * s.K * 2;
+  double* out = s.out + (row * s.gens + g) * s.segs * s.K;
+  if (s.K == 2) {  // a and b of the static task: one pass over the union of the two spans,
+    // widened over zero weights to a multiple of 8 where the segment allows (no scalar remainder)
+    int64_t i0 = std::min(span[0], span[2]), i1 = std::max(span[1], span[3]);
+    const int64_t len = std::min(s.seg, (i1 - i0 + 7) / 8 * 8);
+    i1 = std::min(s.seg, i0 + len);
+    i0 = i1 - len;
+    const double *w0 = w, *w1 = w + s.seg;
+    for (int64_t b = 0; b < s.segs; ++b) {
+      const float* xb = x + b * s.seg;
+      double a0 = 0.0, a1 = 0.0;
+#pragma omp simd reduction(+ : a0, a1)
+      for (int64_t i = i0; i < i1; ++i) {
+        const double v = static_cast<double>(xb[i]);
+        a0 += v * w0[i];
+        a1 += v * w1[i];
+      }
+      out[2 * b] = a0;
+      out[2 * b + 1] = a1;
+    }
+    return;
+  }
+  for (int64_t b = 0; b < s.segs; ++b) {
+    const float* xb = x + b * s.seg;
+    for (int64_t k = 0; k < s.K; ++k) {
+      double acc = 0.0;
+      const double* wk = w + k * s.seg;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t i = span[2 * k]; i < span[2 * k + 1]; ++i) acc += static_cast<double>(xb[i]) * wk[i];
+      out[b * s.K + k] = acc;
+    }
+  }
+}
+
+void reduce_row(const RowSums& s, const float* x, int64_t g, int64_t row) { reduce_row_impl(s, x, g, row); }
 
 constexpr int64_t kSteps = 64;             // 64-bit outputs per block and generator
 constexpr int64_t kWords = 2 * kSteps;     // values per block
@@ -103,6 +167,7 @@ void emit(const uint32_t* words, int64_t count, Cursor& c, const Mapping& m) {
     count -= k;
     c.col += k;
     if (c.col == c.n) {
+      if (c.sums != nullptr) c.sums->reduce(*c.sums, c.base + c.row * c.stride, c.gen, c.row);
       c.col = 0;
       ++c.row;
     }
@@ -128,7 +193,9 @@ void fill_one(uint64_t* state, const Cursor& start, int64_t total, const Mapping
 
 #ifdef NALU_FILL_HAVE_AVX2
 #pragma GCC push_options
-#pragma GCC target("avx2")
+#pragma GCC target("avx2,fma")
+
+void reduce_row_avx2(const RowSums& s, const float* x, int64_t g, int64_t row) { reduce_row_impl(s, x, g, row); }
 
 // Four generators, one per 64-bit lane.
 struct Sfc64x4 {
@@ -207,7 +274,8 @@ std::string describe(const at::Tensor& t) {
 
 }  // namespace
 
-void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double lo, double hi, bool raw) {
+void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double lo, double hi, bool raw,
+                        const std::optional<at::Tensor>& weights, const std::optional<at::Tensor>& sums) {
   constexpr const char* kFn = "sfc64_uniform_fill";
   TORCH_CHECK(state.defined() && out.defined(), kFn, ": state and out must be tensors, got an undefined one");
   TORCH_CHECK(state.device().is_cpu() && state.scalar_type() == at::kLong && state.is_contiguous() &&
@@ -229,6 +297,50 @@ void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double l
               describe(out));
   TORCH_CHECK(raw || (std::isfinite(lo) && std::isfinite(hi)), kFn, ": lo and hi must be finite, got lo = ", lo,
               ", hi = ", hi);
+  TORCH_CHECK(weights.has_value() == sums.has_value(), kFn, ": weights and sums come together, got ",
+              weights.has_value() ? "weights without sums" : "sums without weights");
+  RowSums rs{};
+  std::vector<int64_t> spans;
+  std::vector<double> wt;
+  if (weights.has_value()) {
+    const at::Tensor& w = *weights;
+    const at::Tensor& o = *sums;
+    TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kDouble && w.is_contiguous() && w.dim() == 3 &&
+                    w.size(0) == gens && w.size(1) >= 1,
+                kFn, ": weights must be a contiguous float64 CPU tensor of shape (G, seg, K) with G = ", gens,
+                " and seg >= 1, got a ", describe(w));
+    const int64_t seg = w.size(1), K = w.size(2);
+    TORCH_CHECK(n % seg == 0, kFn, ": out's rows of n = ", n, " values must split into segments of seg = ", seg,
+                " (weights.size(1)), got a remainder of ", n % seg);
+    const int64_t segs = n / seg;
+    TORCH_CHECK(o.device().is_cpu() && o.scalar_type() == at::kDouble && o.is_contiguous() && o.dim() == 4 &&
+                    o.size(0) == rows && o.size(1) == gens && o.size(2) == segs && o.size(3) == K,
+                kFn, ": sums must be a contiguous float64 CPU tensor of shape (rows, G, n / seg, K) = (", rows, ", ",
+                gens, ", ", segs, ", ", K, "), got a ", describe(o));
+    TORCH_CHECK(batched, kFn, ": weights and sums need a state of shape (G, 4), got ", state.sizes());
+    const double* wp = w.const_data_ptr<double>();
+    spans.resize(static_cast<size_t>(gens * K * 2));
+    wt.resize(static_cast<size_t>(gens * K * seg));
+    for (int64_t g = 0; g < gens; ++g) {
+      for (int64_t k = 0; k < K; ++k) {
+        int64_t first = seg, last = -1;
+        for (int64_t i = 0; i < seg; ++i) {
+          wt[(g * K + k) * seg + i] = wp[(g * seg + i) * K + k];
+          if (wp[(g * seg + i) * K + k] != 0.0) {
+            first = std::min(first, i);
+            last = i;
+          }
+        }
+        spans[(g * K + k) * 2] = last < 0 ? 0 : first;
+        spans[(g * K + k) * 2 + 1] = last < 0 ? 0 : last + 1;
+      }
+    }
+    rs = RowSums{wt.data(), spans.data(), o.data_ptr<double>(), gens, seg, K, segs, &reduce_row};
+#ifdef NALU_FILL_HAVE_AVX2
+    if (use_avx2()) rs.reduce = &reduce_row_avx2;
+#endif
+  }
+  const RowSums* row_sums = weights.has_value() ? &rs : nullptr;
   const int64_t total = rows * n;
   if (total == 0 || gens == 0) return;
 
@@ -236,7 +348,7 @@ void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double l
   auto* states = reinterpret_cast<uint64_t*>(state.data_ptr<int64_t>());
   float* data = out.data_ptr<float>();
   const int64_t row_stride = out.stride(0), gen_stride = batched ? out.stride(1) : 0;
-  auto cursor = [&](int64_t g) { return Cursor{data + g * gen_stride, n, row_stride, 0, 0}; };
+  auto cursor = [&](int64_t g) { return Cursor{data + g * gen_stride, n, row_stride, 0, 0, g, row_sums}; };
 
   int64_t g = 0;
 #ifdef NALU_FILL_HAVE_AVX2

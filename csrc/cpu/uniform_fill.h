@@ -4,6 +4,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+
 namespace nalu_cuda {
 namespace cpu {
 
@@ -19,7 +21,16 @@ namespace cpu {
 // half of the last output, when rows*n is odd, is dropped. Value from word u: the float with bits
 // (u >> 9) | 0x3F800000, in [1, 2); unless `raw`, then f = ((f - 1) * float(hi - lo)) + float(lo)
 // in float32 with a rounding after each operation (hi - lo in double first, as Python does).
-void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double lo, double hi, bool raw);
+//
+// Optionally, weighted sums of the values in the same pass (the static task's a and b, without a
+// second pass over the chunk): with `weights` float64 (G, seg, K) and `sums` float64
+// (rows, G, n / seg, K), both contiguous, each row of a generator is n / seg segments of seg
+// values, and sums[r, g, b, k] = sum_i out[r, g, b * seg + i] * weights[g, i, k], in float64
+// (exact, so the same as any other order of summation, whenever float64 holds the sum exactly,
+// as it does for the values of every uniform range of the experiments).
+void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double lo, double hi, bool raw,
+                        const std::optional<at::Tensor>& weights = std::nullopt,
+                        const std::optional<at::Tensor>& sums = std::nullopt);
 
 }  // namespace cpu
 }  // namespace nalu_cuda

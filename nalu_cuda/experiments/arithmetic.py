@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "SumTargets",
     "OPS",
     "OP_SYMBOLS",
     "OP_ALIASES",
@@ -231,6 +232,44 @@ def subset_layout(seed: int, input_size: int, subset_ratio: float = 0.25, overla
 _USE_NATIVE_FILL = True
 
 
+class SumTargets:
+    """A :class:`UniformStream` transform: targets ``op(a, b)`` of weighted sums of the inputs.
+
+    ``weights`` ``(S, I, 2)``: member ``s``'s ``a`` is ``sum_i x[..., i] weights[s, i, 0]`` over the
+    last axis (and over the time axis too for inputs ``(B, T, I)``), ``b`` likewise with column
+    1. Inputs ``(C, S, B, [T,] I)`` -> targets ``(C, len(ops) * S, B, 1)`` float32, op by op.
+    ``a`` and ``b`` are float64 sums, exact for the inputs of every uniform range here (float32
+    values on a common grid; so any order of summation gives the same bits), the operation is
+    applied in float64 and rounded once. With the native fill, the stream computes the sums while
+    drawing (no second pass over the chunk): :meth:`from_sums`; otherwise ``__call__`` does both.
+    """
+
+    def __init__(self, weights: np.ndarray, ops: Sequence[str]):
+        self.weights = np.ascontiguousarray(weights, dtype=np.float64)
+        if self.weights.ndim != 3 or self.weights.shape[2] != 2:
+            raise ValueError(f"SumTargets: weights must be (S, I, 2), got shape {self.weights.shape}")
+        self.ops = [canonical_op(op) for op in ops]
+
+    def sums(self, arr: np.ndarray) -> np.ndarray:
+        """``(C, S, B, [T,] I)`` -> ``(C, S, B, [T,] 2)`` in float64 (numpy; one step at a time)."""
+        w = self.weights.reshape(self.weights.shape[0], *([1] * (arr.ndim - 4)), *self.weights.shape[1:])
+        return np.stack([np.matmul(step.astype(np.float64), w) for step in arr])
+
+    def from_sums(self, sums: np.ndarray) -> np.ndarray:
+        """``(C, S, B, [T,] 2)`` float64 sums -> targets ``(C, len(ops) * S, B, 1)`` float32."""
+        if sums.ndim == 5:
+            sums = sums.sum(3)  # over time steps
+        a, b = sums[..., 0], sums[..., 1]
+        C, S, B = a.shape
+        t = np.empty((C, len(self.ops) * S, B, 1), dtype=np.float32)
+        for k, op in enumerate(self.ops):
+            t[:, k * S:(k + 1) * S, :, 0] = apply_op(op, a, b)
+        return t
+
+    def __call__(self, arr: np.ndarray) -> np.ndarray:
+        return self.from_sums(self.sums(arr))
+
+
 class UniformStream:
     """Per-member float32 uniform inputs, ``chunk`` steps at a time, from one SFC64 generator a member.
 
@@ -284,12 +323,19 @@ class UniformStream:
         E = len(self.seeds)
         states = [bg.state for bg in self._bitgens]
         out = self._chunk_array((self.chunk, E, self._n))
-        if not self._draw_native(self._bitgens, out):
+        sums = None
+        if isinstance(self.transform, SumTargets):  # sums drawn with the values (native fill only)
+            k = self.transform.weights.shape[-1]
+            sums = np.empty((self.chunk, E, self._n // self.shape[-1], k), dtype=np.float64)
+        if self._draw_native(self._bitgens, out, sums):
+            extra = None if sums is None else self.transform.from_sums(sums.reshape(self.chunk, E, *self.shape[:-1], -1))
+            out = out.reshape(self.chunk, E, *self.shape)
+        else:
             for e, bg in enumerate(self._bitgens):
                 self._draw_into(bg, out[:, e, :])
-        out = out.reshape(self.chunk, E, *self.shape)
-        extra = None if self.transform is None else np.ascontiguousarray(self.transform(out))
-        return states, out, extra
+            out = out.reshape(self.chunk, E, *self.shape)
+            extra = None if self.transform is None else self.transform(out)
+        return states, out, None if extra is None else np.ascontiguousarray(extra)
 
     def _chunk_array(self, shape: Tuple[int, ...]) -> np.ndarray:
         """An array for the next chunk: one of the last few whose tensors and views are all gone,
@@ -317,9 +363,11 @@ class UniformStream:
         if self._pool is not None:
             self._pending = self._pool.submit(self._generate)
 
-    def _draw_native(self, bitgens: Sequence[np.random.SFC64], out: np.ndarray) -> bool:
+    def _draw_native(self, bitgens: Sequence[np.random.SFC64], out: np.ndarray,
+                     sums: Optional[np.ndarray] = None) -> bool:
         """Fill ``out`` (rows, len(bitgens), n), column block ``e`` from ``bitgens[e]``, with the
-        native fill, bit for bit as :meth:`_draw_into`; False (nothing drawn) when it does not apply."""
+        native fill, bit for bit as :meth:`_draw_into`; False (nothing drawn) when it does not apply.
+        With ``sums`` (the stream's :class:`SumTargets`), also the weighted sums of the values."""
         ivs = self.range.intervals
         if not _USE_NATIVE_FILL or len(ivs) != 1 or out.ndim != 3 or out.strides[2] != out.itemsize:
             return False
@@ -331,7 +379,8 @@ class UniformStream:
         states = [bg.state for bg in bitgens]
         words = np.stack([st["state"]["state"] for st in states]).view(np.int64)  # (G, 4), a copy
         lo, hi = ivs[0]
-        fill(torch.from_numpy(words), torch.from_numpy(out), lo, hi, ivs == ((1.0, 2.0),))
+        extra = () if sums is None else (torch.from_numpy(self.transform.weights), torch.from_numpy(sums))
+        fill(torch.from_numpy(words), torch.from_numpy(out), lo, hi, ivs == ((1.0, 2.0),), *extra)
         for bg, st, new in zip(bitgens, states, words.view(np.uint64)):
             bg.state = {**st, "state": {"state": new}}  # has_uint32 / uinteger unchanged, as random_raw
         return True

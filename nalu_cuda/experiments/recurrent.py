@@ -76,19 +76,6 @@ def recurrent_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, 
     return Config("recurrent", name, int(seeds), int(steps), p)
 
 
-def chunk_targets(masks: np.ndarray, ops: Sequence[str]):
-    """A stream ``transform``: inputs ``(C, S, B, T, I)`` -> targets ``(C, len(ops) * S, B, 1)``."""
-    m64 = masks.astype(np.float64)
-
-    def transform(arr: np.ndarray) -> np.ndarray:
-        sums = arr.astype(np.float64).sum(-2)                     # (C, S, B, I)
-        ab = np.matmul(sums, m64)                                 # (C, S, B, 2)
-        t = np.concatenate([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 1)
-        return t.astype(np.float32)[..., None]
-
-    return transform
-
-
 def _shared_targets(x: torch.Tensor, masks: torch.Tensor, ops: Sequence[str]) -> torch.Tensor:
     """``x`` ``(N, T, I)`` shared by all seeds -> ``(len(ops) * S, N, 1)``."""
     sums = x.double().sum(-2)  # (N, I)
@@ -113,7 +100,7 @@ def run_recurrent(cfg: Config, ctx: Context) -> RunOutput:
     model.reset_parameters(member_generators(member_seeds))
     model.to(dev)
     stream = ar.UniformStream(seeds, (p["batch"], T, I), interp, chunk=8, prefetch=True,
-                              transform=chunk_targets(masks.numpy(), ops))
+                              transform=ar.SumTargets(masks.numpy(), ops))
 
     def batch_fn(step: int):
         x, t = stream.next()

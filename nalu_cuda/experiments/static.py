@@ -111,21 +111,6 @@ def _as_range(r, what: str) -> ar.Range:
     return ar.parse_range(flat, what)
 
 
-def chunk_targets(masks: np.ndarray, ops: Sequence[str]):
-    """A stream ``transform``: inputs ``(C, S, B, I)`` -> targets ``(C, len(ops) * S, B, 1)``.
-
-    ``a`` and ``b`` are float32 sums (rounding ~1e-7 relative: far below every threshold), the
-    operation is applied in float64. Runs on the data thread (numpy releases the GIL).
-    """
-    def transform(arr: np.ndarray) -> np.ndarray:
-        ab = np.matmul(arr, masks)                                   # (C, S, B, 2), per-seed masks
-        a, b = ab[..., 0].astype(np.float64), ab[..., 1].astype(np.float64)
-        t = np.concatenate([ar.apply_op(op, a, b) for op in ops], 1)  # (C, ops * S, B)
-        return t.astype(np.float32)[..., None]
-
-    return transform
-
-
 def run_static(cfg: Config, ctx: Context) -> RunOutput:
     p = cfg.params
     torch.manual_seed(0)
@@ -145,7 +130,7 @@ def run_static(cfg: Config, ctx: Context) -> RunOutput:
     model.to(dev)
 
     stream = ar.UniformStream(seeds, (p["batch"], I), interp, chunk=16, prefetch=True,
-                              transform=chunk_targets(masks.numpy(), ops))
+                              transform=ar.SumTargets(masks.numpy(), ops))
 
     def batch_fn(step: int):
         x, t = stream.next()                              # (S, B, I), (E, B, 1)

@@ -204,3 +204,54 @@ def test_native_fill_bad_arguments():
         _native(torch.zeros(3, 4, dtype=torch.int64), torch.empty(4, 5, 3).transpose(1, 2), 0.0, 1.0)
     with pytest.raises(RuntimeError, match=r"lo and hi must be finite, got lo = -inf"):
         _native(torch.zeros(3, 4, dtype=torch.int64), out, float("-inf"), 1.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Targets from sums drawn with the values (SumTargets) against numpy
+# ------------------------------------------------------------------------------------------------
+
+
+def _sum_stream(monkeypatch, native, seeds, shape, rng, weights, ops, steps):
+    monkeypatch.setattr(ar, "_USE_NATIVE_FILL", native)
+    s = ar.UniformStream(seeds, shape, ar.parse_range(rng), chunk=3, transform=ar.SumTargets(weights, ops))
+    return [s.next() for _ in range(steps)]
+
+
+@needs_native
+@pytest.mark.parametrize("rng", [[1, 2], [-3, 5], [0.1, 0.2]])
+@pytest.mark.parametrize("shape", [(9, 100), (5, 4, 100), (7, 6)])  # static, recurrent, short rows
+def test_sum_targets_native_bit_identical_to_numpy(monkeypatch, rng, shape):
+    seeds = [0, 3, 5, 8, 11]  # four generators on AVX2 and one scalar
+    I = shape[-1]
+    if I >= 50:
+        weights = np.stack([ar.subset_layout(s, I).mask().numpy() for s in seeds]).astype(np.float64)
+    else:  # scattered 0/1 weights and a column of zeros: spans with gaps, and an empty one
+        weights = (np.random.default_rng(1).random((len(seeds), I, 2)) < 0.5).astype(np.float64)
+        weights[0, :, 1] = 0.0
+    ops = ["add", "mul", "div"]
+    with np.errstate(divide="ignore"):  # b = 0 for the empty column: a / b = inf either way
+        got = _sum_stream(monkeypatch, True, seeds, shape, rng, weights, ops, 7)
+        want = _sum_stream(monkeypatch, False, seeds, shape, rng, weights, ops, 7)
+    for (x, t), (xw, tw) in zip(got, want):
+        assert torch.equal(x, xw) and torch.equal(t, tw)
+        assert t.shape == (len(ops) * len(seeds), shape[0], 1)
+    # and the targets are op(a, b) of the inputs, with a and b over the weights (and time steps)
+    x, t = got[-1]
+    ab = torch.einsum("sb...i,sik->sbk", x.double(), torch.from_numpy(weights))
+    expect = torch.cat([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 0).unsqueeze(-1).float()
+    assert torch.allclose(t, expect, rtol=1e-6, atol=0, equal_nan=True)
+
+
+@needs_native
+def test_native_fill_sums_bad_arguments():
+    state, out = torch.zeros(3, 4, dtype=torch.int64), torch.empty(2, 3, 20)
+    w, sums = torch.zeros(3, 10, 2, dtype=torch.float64), torch.empty(2, 3, 2, 2, dtype=torch.float64)
+    _native(state, out, 1.0, 2.0, True, w, sums)  # the shapes that fit
+    with pytest.raises(RuntimeError, match="weights and sums come together, got weights without sums"):
+        _native(state, out, 1.0, 2.0, True, w)
+    with pytest.raises(RuntimeError, match=r"weights must be a contiguous float64 .* \(G, seg, K\) with G = 3"):
+        _native(state, out, 1.0, 2.0, True, w.float(), sums)
+    with pytest.raises(RuntimeError, match=r"rows of n = 20 values must split into segments of seg = 7"):
+        _native(state, out, 1.0, 2.0, True, torch.zeros(3, 7, 2, dtype=torch.float64), sums)
+    with pytest.raises(RuntimeError, match=r"sums must be .* shape \(rows, G, n / seg, K\) = \(2, 3, 2, 2\)"):
+        _native(state, out, 1.0, 2.0, True, w, torch.empty(2, 3, 4, 2, dtype=torch.float64))
