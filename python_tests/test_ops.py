@@ -221,7 +221,8 @@ def test_cpu_results_do_not_depend_on_the_thread_count(unit):
     # in a fixed order, so 1 and 2 threads must agree bit for bit (shapes big enough to split).
     before = torch.get_num_threads()
     try:
-        for E, batch, I, O in [(3, (130,), 100, 2), (None, (1001,), 37, 3), (5, (77,), 9, 1), (2, (515,), 20, 16)]:
+        for E, batch, I, O in [(3, (130,), 100, 2), (None, (1001,), 37, 3), (5, (77,), 9, 1), (2, (515,), 20, 16),
+                               (7, (200,), 2, 1), (3, (130,), 8, 5)]:  # the last two: narrow path
             args, kw = make_args(unit, E, batch, I, O, torch.float32, "cpu")
             gy = None
             runs = []
