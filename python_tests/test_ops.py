@@ -157,6 +157,38 @@ def test_log_exp_roundtrip_float32_wide_range(isa_env):
     assert out.returncode == 0, out.stderr + out.stdout
 
 
+@pytest.mark.parametrize("isa_env", [None, "base"])
+def test_log_path_within_one_ulp_float32(isa_env):
+    # lx = log(|x| + eps) as each path computes it (narrow, rowwise, blas), against float64 libm's
+    # log of the same float32 sum: within 1 ulp over 78 decades, for a normal eps (the fast positive-argument log)
+    # and a subnormal one (the general log); inf and NaN pass through.
+    code = (
+        "import torch, nalu_cuda\n"
+        "ops = torch.ops.nalu_cuda\n"
+        "x = torch.logspace(-40, 38, 6000, dtype=torch.float64)\n"
+        "x = torch.cat([x, -x, torch.rand(1000, dtype=torch.float64) * 4 - 2]).float()\n"
+        "x = torch.cat([x, torch.tensor([0.0, -0.0, float('inf'), -float('inf'), float('nan')])])\n"
+        "x = x[:x.numel() // 100 * 100]\n"
+        "for eps in (1e-7, 1e-38):\n"
+        "    want = torch.log((x.abs() + torch.tensor(eps, dtype=torch.float32)).double())  # the sum in float32\n"
+        "    ulp = torch.nextafter(want.float(), torch.tensor(float('inf'))).double() - want.float().double()\n"
+        "    for I, O in ((1, 1), (100, 2), (100, 20)):\n"
+        "        xs = x.reshape(-1, I)\n"
+        "        _, lx = ops.nac_mul_forward(xs, torch.zeros(I, O), torch.zeros(I, O), eps)\n"
+        "        lx = lx.reshape(-1).double()\n"
+        "        fin = torch.isfinite(want)\n"
+        "        err = ((lx[fin] - want[fin]).abs() / ulp[fin]).max().item()\n"
+        "        assert err <= 1.0, (eps, I, O, err)\n"
+        "        assert torch.equal(lx[~fin].isnan(), want[~fin].isnan()) and (lx[~fin] == want[~fin]).sum() == (want[~fin] == want[~fin]).sum()\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ)
+    if isa_env:
+        env["NALU_CUDA_CPU_ISA"] = isa_env
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr + out.stdout
+
+
 def test_baseline_isa_matches_reference():
     # The kernels compiled for the default target (used on CPUs without AVX2) must agree too.
     code = (

@@ -89,6 +89,18 @@ void parallel_simd(int64_t n, int64_t work_per_item, F&& f) {
   });
 }
 
+// out[k] = log(|x[k]| + eps) over [0, n): the faster log when eps is a normal number.
+template <typename T>
+void log_abs_run(const T* x, T* out, int64_t n, T eps) {
+  if (eps >= std::numeric_limits<T>::min()) {
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) out[k] = nm::log_abs_normal_eps(x[k], eps);
+  } else {
+#pragma omp simd
+    for (int64_t k = 0; k < n; ++k) out[k] = nm::log_abs(x[k], eps);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Weight construction
 // ---------------------------------------------------------------------------------------------
@@ -162,9 +174,7 @@ void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs
           const int64_t end = std::min(r1, logged + kLogRows);
           const T* xs = p.x + logged * I;
           T* ls = out.lx + logged * I;
-          const int64_t len = (end - logged) * I;
-#pragma omp simd
-          for (int64_t k = 0; k < len; ++k) ls[k] = nm::log_abs(xs[k], eps);
+          log_abs_run(xs, ls, (end - logged) * I, eps);
           logged = end;
         }
       }
@@ -561,12 +571,7 @@ void narrow_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs<
       const int64_t r0 = e * N + n0;  // flat index of the block's first row
       to_columns(p.x + r0 * I, xt, R, I);
       if constexpr (MUL) {
-        for (int64_t i = 0; i < I; ++i) {
-          const T* xi = xt + i * kNarrowRows;
-          T* li = lt + i * kNarrowRows;
-#pragma omp simd
-          for (int64_t r = 0; r < R; ++r) li[r] = nm::log_abs(xi[r], eps);
-        }
+        for (int64_t i = 0; i < I; ++i) log_abs_run(xt + i * kNarrowRows, lt + i * kNarrowRows, R, eps);
         from_columns(lt, out.lx + r0 * I, R, I);
       }
       for (int64_t j = 0; j < O; ++j) {
@@ -833,7 +838,9 @@ void blas_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& 
   if (kind.mul) {
     const T* x = x3.const_data_ptr<T>();
     T* lx = f.lx.data_ptr<T>();
-    parallel_simd(x3.numel(), 32, [=](int64_t k) { lx[k] = nm::log_abs(x[k], eps); });
+    at::parallel_for(0, x3.numel(), grain_for(32), [=](int64_t k0, int64_t k1) {
+      log_abs_run(x + k0, lx + k0, k1 - k0, eps);
+    });
   }
   if (!kind.mul) {  // NAC+
     at::bmm_out(y3, x3, b.W);
