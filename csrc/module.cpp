@@ -10,6 +10,7 @@
 
 #include <tuple>
 
+#include "cpu/flat_adam.h"
 #include "cpu/uniform_fill.h"
 
 #ifndef NALU_CUDA_VERSION
@@ -83,4 +84,10 @@ PYBIND11_MODULE(_C, m) {
         "Fill out (rows, n), or (rows, G, n) for a state (G, 4), with numpy SFC64 float32 uniforms in "
         "[lo, hi) ([1, 2) when raw), advancing the int64 state(s) in place; with weights (G, seg, K) and "
         "sums (rows, G, n / seg, K), both float64, also the weighted sums of each segment of seg values.");
+  // One Adam step of nalu_cuda.experiments.training.FlatAdam (csrc/cpu/flat_adam.h).
+  m.def("flat_adam_step", &nalu_cuda::cpu::flat_adam_step, release(), pybind11::arg("param"), pybind11::arg("grad"),
+        pybind11::arg("exp_avg"), pybind11::arg("exp_avg_sq"), pybind11::arg("segments"), pybind11::arg("frozen"),
+        pybind11::arg("freeze_nonfinite"), pybind11::arg("lr"), pybind11::arg("beta1"), pybind11::arg("beta2"), pybind11::arg("eps"), pybind11::arg("step"),
+        "Adam on flat CPU buffers of an ensemble's (E, ...) parameters, members frozen where `frozen` (and, with "
+        "freeze_nonfinite, where their gradient has a NaN or Inf); returns which members' gradients have a NaN or Inf.");
 }

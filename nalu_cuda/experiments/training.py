@@ -109,6 +109,7 @@ class FlatAdam:
         self.exp_avg = torch.zeros_like(self.flat)
         self.exp_avg_sq = torch.zeros_like(self.flat)
         self.step_count = 0
+        self._segments = None
         self._views = []
         off = 0
         with torch.no_grad():
@@ -151,6 +152,45 @@ class FlatAdam:
         self.exp_avg_sq.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
         denom = (self.exp_avg_sq.sqrt() / math.sqrt(bc2)).add_(self.eps)
         self.flat.addcdiv_(self.exp_avg, denom, value=-self.lr / bc1)
+
+    def _native_step(self, E: int):
+        """The fused CPU step (csrc/cpu/flat_adam.cpp) and the (offset, per-member size) of every
+        parameter, or None where it does not apply (not CPU, extension not built, a parameter
+        without the leading member dimension E)."""
+        if self._segments is None or self._segments[0] != E:
+            segs = None
+            if self.flat.device.type == "cpu" and all(shape[:1] == (E,) for _, _, shape in self._views):
+                segs = torch.tensor([[off, k // E] for off, k, _ in self._views], dtype=torch.long)
+            self._segments = (E, segs)
+        from nalu_cuda import _ops
+
+        fn = getattr(_ops.fast, "flat_adam_step", None)
+        return None if fn is None or self._segments[1] is None else (fn, self._segments[1])
+
+    @torch.no_grad()
+    def step_ensemble(self, frozen: Tensor, freeze_nonfinite: bool) -> Tensor:
+        """One step for an ensemble whose parameters all lead with the member dimension E.
+
+        Members flagged in ``frozen`` (E,) -- and, with ``freeze_nonfinite``, members whose
+        gradient has a NaN or Inf in this step -- take a zero gradient. Returns which members'
+        gradients have a NaN or Inf (before freezing). On CPU one fused pass over the buffers;
+        elsewhere the same with tensor ops.
+        """
+        E = frozen.numel()
+        native = self._native_step(E)
+        if native is not None:
+            fn, segs = native
+            self.step_count += 1
+            return fn(self.flat, self.grad, self.exp_avg, self.exp_avg_sq, segs, frozen.contiguous(),
+                      freeze_nonfinite, self.lr, self.beta1, self.beta2, self.eps, self.step_count)
+        grads = [p.grad for p in self.params]
+        nonfinite = ~torch.stack([torch.isfinite(g).reshape(E, -1).all(1) for g in grads], 1).all(1)
+        mask = frozen | nonfinite if freeze_nonfinite else frozen
+        if freeze_nonfinite or bool(frozen.any()):
+            for g in grads:
+                g.masked_fill_(_member_view(mask, g), 0.0)
+        self.step()
+        return nonfinite
 
     def state_dict(self) -> dict:
         return {"exp_avg": self.exp_avg.clone(), "exp_avg_sq": self.exp_avg_sq.clone(), "step": self.step_count,
@@ -200,6 +240,7 @@ def train_ensemble(
     dev = params[0].device
     # Per-member flags on the training device (no host sync per step); statistics on the host.
     diverged = torch.zeros(E, dtype=torch.bool, device=dev)
+    no_member = torch.zeros(E, dtype=torch.bool, device=dev)
     best_val = torch.full((E,), math.inf, dtype=torch.float64)
     best_step = torch.zeros(E, dtype=torch.long)
     solved_at = torch.full((E,), -1, dtype=torch.long)
@@ -287,20 +328,25 @@ def train_ensemble(
             opt.zero_grad()
             total.backward()
             opt.gather_grads()
-            # A NaN/Inf anywhere in a member's gradients makes its per-member sum non-finite.
-            grads = [p.grad for p in params]
-            sums = torch.stack([g.reshape(E, -1).sum(1) for g in grads], 1)
-            diverged |= ~torch.isfinite(sums).all(1)
-            if any_diverged:  # known at the last evaluation; later ones are masked from the next
-                for g in grads:
-                    g.masked_fill_(_member_view(diverged, g), 0.0)
-            if clip is not None:
+            if clip is None:
+                # Diverged members are frozen once known at an evaluation (any_diverged); from then
+                # on, so is every member that goes NaN/Inf, from its first bad step.
+                frozen = diverged if any_diverged else no_member
+                diverged |= opt.step_ensemble(frozen, freeze_nonfinite=any_diverged)
+            else:
+                # A NaN/Inf anywhere in a member's gradients makes its per-member sum non-finite.
+                grads = [p.grad for p in params]
+                sums = torch.stack([g.reshape(E, -1).sum(1) for g in grads], 1)
+                diverged |= ~torch.isfinite(sums).all(1)
+                if any_diverged:  # known at the last evaluation; later ones are masked from the next
+                    for g in grads:
+                        g.masked_fill_(_member_view(diverged, g), 0.0)
                 sq = sum((p.grad.reshape(E, -1).double() ** 2).sum(1) for p in params if p.grad is not None)
                 scale = (clip / (sq.sqrt() + 1e-12)).clamp(max=1.0).float()
                 for p in params:
                     if p.grad is not None:
                         p.grad.mul_(_member_view(scale, p.grad))
-            opt.step()
+                opt.step()
             loss_acc += loss.detach().double()
             loss_n += 1
             if step % eval_every == 0 or step == steps:

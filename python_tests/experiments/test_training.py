@@ -107,3 +107,112 @@ def test_records_have_the_standard_keys():
                   "interp_mse", "extrap_mse", "sparsity_error", "threshold"):
             assert k in r
         assert r["threshold"] == pytest.approx(ar.PUBLISHED_THRESHOLDS["div"], rel=0.3)
+
+
+# ------------------------------------------------------------------------------------------------
+# FlatAdam's fused CPU step (csrc/cpu/flat_adam.cpp)
+# ------------------------------------------------------------------------------------------------
+
+_fused_adam = getattr(nalu_cuda._ops.fast, "flat_adam_step", None)
+needs_fused_adam = pytest.mark.skipif(_fused_adam is None, reason="native extension not built")
+
+
+def _adam_pair(E, dtype, fused: bool, lr=1e-2):
+    from nalu_cuda.experiments import training
+
+    torch.manual_seed(3)
+    shapes = [(E, 7, 3), (E, 2), (E,), (E, 37)]  # member runs of 21, 2, 1 and 37 (vector body + remainder)
+    params = [torch.randn(s, dtype=dtype).requires_grad_() for s in shapes]
+    opt = training.FlatAdam(params, lr=lr)
+    if not fused:
+        opt._native_step = lambda E: None
+    return params, opt
+
+
+@needs_fused_adam
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_adam_matches_torch_adam_and_the_tensor_ops(dtype):
+    E = 5
+    params, opt = _adam_pair(E, dtype, fused=True)
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    torch_opt = torch.optim.Adam(ref, lr=1e-2)
+    ops_params, ops_opt = _adam_pair(E, dtype, fused=False)
+    for step in range(40):
+        grads = [torch.randn_like(p) * (10.0 ** (step % 5 - 2)) for p in params]
+        for p, q, r, g in zip(params, ops_params, ref, grads):
+            p.grad.copy_(g)
+            q.grad.copy_(g)
+            r.grad = g.clone()
+        none = torch.zeros(E, dtype=torch.bool)
+        assert not opt.step_ensemble(none, False).any()
+        assert not ops_opt.step_ensemble(none, False).any()
+        torch_opt.step()
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-13)
+    for p, q, r in zip(params, ops_params, ref):
+        torch.testing.assert_close(p, r, **tol)
+        torch.testing.assert_close(p, q, **tol)
+
+
+@needs_fused_adam
+def test_fused_adam_member_equals_a_one_member_run():
+    # Member 3 of an ensemble of 6 gets exactly the update of a one-member run with its values,
+    # wherever its elements fall in the vector body or remainder of the loops.
+    E, m = 6, 3
+    params, opt = _adam_pair(E, torch.float32, fused=True)
+    single = [p.detach()[m:m + 1].clone().requires_grad_() for p in params]
+    sopt = type(opt)(single, lr=1e-2)
+    for _ in range(25):
+        grads = [torch.randn_like(p) for p in params]
+        opt.zero_grad()
+        sopt.zero_grad()
+        for p, s, g in zip(params, single, grads):
+            p.grad.copy_(g)
+            s.grad.copy_(g[m:m + 1])
+        opt.step_ensemble(torch.zeros(E, dtype=torch.bool), False)
+        sopt.step_ensemble(torch.zeros(1, dtype=torch.bool), False)
+    for p, s in zip(params, single):
+        assert torch.equal(p.detach()[m:m + 1], s.detach())
+
+
+@needs_fused_adam
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "tensor-ops"])
+def test_adam_flags_and_freezes_nonfinite_members(fused):
+    E = 4
+    params, opt = _adam_pair(E, torch.float32, fused=fused)
+    before = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad.copy_(torch.randn_like(p))
+    params[1].grad[2, 1] = float("nan")
+    params[3].grad[0, 36] = float("inf")
+    frozen = torch.tensor([False, True, False, False])
+    bad = opt.step_ensemble(frozen, freeze_nonfinite=True)
+    assert bad.tolist() == [True, False, True, False]
+    for p, b in zip(params, before):
+        for e in range(E):
+            moved = not torch.equal(p.detach()[e], b[e])
+            assert moved == (e == 3), (e, p.shape)  # members 0 and 2 (non-finite) and 1 (frozen) stay
+        assert torch.isfinite(p).all()
+    # without freeze_nonfinite the NaN reaches member 2's moments and parameters (and only theirs)
+    params, opt = _adam_pair(E, torch.float32, fused=fused)
+    for p in params:
+        p.grad.copy_(torch.randn_like(p))
+    params[0].grad[2, 0, 0] = float("nan")
+    assert opt.step_ensemble(torch.zeros(E, dtype=torch.bool), False).tolist() == [False, False, True, False]
+    assert torch.isnan(params[0].detach()[2, 0, 0]) and torch.isfinite(params[0].detach()[[0, 1, 3]]).all()
+
+
+@needs_fused_adam
+def test_fused_adam_bad_arguments():
+    buf = torch.zeros(10)
+    segs = torch.tensor([[0, 5]])
+    frozen = torch.zeros(2, dtype=torch.bool)
+    ok = (buf, buf.clone(), buf.clone(), buf.clone(), segs, frozen, False, 1e-3, 0.9, 0.999, 1e-8, 1)
+    _fused_adam(*ok)
+    with pytest.raises(RuntimeError, match=r"flat_adam_step: exp_avg must be a contiguous 1-D CPU tensor like param"):
+        _fused_adam(buf, buf, torch.zeros(10, dtype=torch.float64), *ok[3:])
+    with pytest.raises(RuntimeError, match=r"segment 0 = \(offset 1, per_member 5\) runs past the buffer of 10"):
+        _fused_adam(*ok[:4], torch.tensor([[1, 5]]), *ok[5:])
+    with pytest.raises(RuntimeError, match=r"frozen must be a contiguous 1-D bool CPU tensor"):
+        _fused_adam(*ok[:5], torch.zeros(2), *ok[6:])
+    with pytest.raises(RuntimeError, match=r"step must be at least 1, got 0"):
+        _fused_adam(*ok[:-1], 0)
