@@ -44,6 +44,8 @@ def cases(E: int, B: int, I: int, O: int):
         "nac_mul_forward": lambda: ops.nac_mul_forward(x, W, M, EPS),
         "nac_mul_backward (grad_x)": lambda: ops.nac_mul_backward(dy, x, W, M, y_mul, lx, EPS, True),
         "nalu_forward": lambda: ops.nalu_forward(x, W, M, None, None, G, EPS, True),
+        "nalu_backward (no grad_x)": lambda: ops.nalu_backward(dy, x, W, M, None, None, G, a, m, g, lxn, EPS, True,
+                                                               False),
         "nalu_backward (grad_x)": lambda: ops.nalu_backward(dy, x, W, M, None, None, G, a, m, g, lxn, EPS, True,
                                                             True),
     }

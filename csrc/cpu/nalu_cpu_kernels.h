@@ -362,6 +362,19 @@ void sum_partials(const LayerShape& s, bool sep, int64_t chunks, int64_t part_si
   });
 }
 
+// sum_k ps[k][i] c[k] over a group of R rows; for four rows as a tree of two pairs (a short
+// dependency chain; the order is fixed, so the result is too).
+template <int R, typename T>
+inline T group_dot(const T* const* ps, const T* c, int64_t i) {
+  if constexpr (R == 4) {
+    return (ps[0][i] * c[0] + ps[1][i] * c[1]) + (ps[2][i] * c[2] + ps[3][i] * c[3]);
+  } else {
+    T v = ps[0][i] * c[0];
+    for (int k = 1; k < R; ++k) v += ps[k][i] * c[k];
+    return v;
+  }
+}
+
 template <typename T, bool ADD, bool MUL, Gate GATE>
 void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const SavedPtrs<T>& sv, const T* dy,
                       T eps, bool compute_grad_x, const GradPtrs<T>& out) {
@@ -377,10 +390,12 @@ void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Sav
 
   at::parallel_for(0, E * chunks, grain_for(std::min(N, chunk_rows) * row_work), [&](int64_t t0, int64_t t1) {
     std::vector<T> sx(MUL && compute_grad_x ? I : 0);
-    // Output gradients of a group of up to kGroup rows: the weight gradients take the group's rows
-    // in one pass (one load and store of the partial sums per kGroup rows instead of per row).
+    // Output gradients of a chunk, (rows, O), in one vectorised pass before its rows.
+    const size_t chunk_out = static_cast<size_t>(std::min(N, chunk_rows) * O);
+    std::vector<T> da_c(ADD ? chunk_out : 0), du_c(MUL ? chunk_out : 0), dz_c(GATE != Gate::kNone ? chunk_out : 0);
+    // The weight gradients take kGroup rows in one pass (one load and store of the partial sums
+    // per kGroup rows instead of per row).
     constexpr int kGroup = 4;
-    std::array<std::array<T, kRowwiseMaxOut>, kGroup> da{}, du{}, dz{};
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t e = t / chunks, c = t % chunks;
       T* part = partials.data() + t * part_size;
@@ -391,9 +406,28 @@ void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Sav
       const T* w = p.W + e * OI;
       const T* wm = p.Wm + e * OI;
       const T* gt = kGateIn ? p.G + e * OI : nullptr;
+      const int64_t nb = c * chunk_rows, n1 = std::min(N, (c + 1) * chunk_rows);
+      {
+        const int64_t o0 = (e * N + nb) * O, count = (n1 - nb) * O;
+        T* dap = da_c.data();
+        T* dup = du_c.data();
+        T* dzp = dz_c.data();
+#pragma omp simd
+        for (int64_t q = 0; q < count; ++q) {
+          const int64_t o = o0 + q;
+          T dav = 0, duv = 0, dzv = 0;
+          output_grads<T, ADD, MUL>(dy[o], ADD && MUL ? sv.a[o] : T(0), MUL ? sv.m[o] : T(0),
+                                    gate_at<T, GATE>(sv.g, o, NO, O), &dav, &duv, &dzv);
+          if constexpr (ADD) dap[q] = dav;
+          if constexpr (MUL) dup[q] = duv;
+          if constexpr (GATE != Gate::kNone) dzp[q] = dzv;
+        }
+      }
+      // Output gradient `vec` of the chunk's row n, output j.
+      auto og = [&](const std::vector<T>& vec, int64_t n, int64_t j) { return vec.empty() ? T(0) : vec[(n - nb) * O + j]; };
 
-      // Rows n0 .. n0 + R - 1 (group slots k0 .. k0 + R - 1) into the partial weight gradients.
-      auto accumulate = [&]<int R>(int64_t n0, int k0) {
+      // Rows n0 .. n0 + R - 1 into the partial weight gradients.
+      auto accumulate = [&]<int R>(int64_t n0) {
         const T* xs[R];
         const T* ls[R];
         for (int k = 0; k < R; ++k) {
@@ -403,41 +437,33 @@ void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Sav
         for (int64_t j = 0; j < O; ++j) {
           T ca[R], cu[R], cz[R];
           for (int k = 0; k < R; ++k) {
-            ca[k] = da[k0 + k][j];
-            cu[k] = du[k0 + k][j];
-            cz[k] = dz[k0 + k][j];
+            ca[k] = og(da_c, n0 + k, j);
+            cu[k] = og(du_c, n0 + k, j);
+            cz[k] = og(dz_c, n0 + k, j);
           }
           T* gw = pW + j * I;
           T* gwm = pWm + j * I;
+          T* gg = kGateIn ? pG + j * I : nullptr;
           if (sep) {
 #pragma omp simd
             for (int64_t i = 0; i < I; ++i) {
-              T v = 0, vm = 0;
-              for (int k = 0; k < R; ++k) {
-                v += xs[k][i] * ca[k];
-                vm += ls[k][i] * cu[k];
-              }
-              gw[i] += v;
-              gwm[i] += vm;
+              gw[i] += group_dot<R>(xs, ca, i);
+              gwm[i] += group_dot<R>(ls, cu, i);
+              if constexpr (kGateIn) gg[i] += group_dot<R>(xs, cz, i);
             }
           } else {
 #pragma omp simd
             for (int64_t i = 0; i < I; ++i) {
-              T v = 0;
-              for (int k = 0; k < R; ++k) {
-                if constexpr (ADD) v += xs[k][i] * ca[k];
-                if constexpr (MUL) v += ls[k][i] * cu[k];
+              T v;
+              if constexpr (ADD && MUL) {
+                v = group_dot<R>(xs, ca, i) + group_dot<R>(ls, cu, i);
+              } else if constexpr (ADD) {
+                v = group_dot<R>(xs, ca, i);
+              } else {
+                v = group_dot<R>(ls, cu, i);
               }
               gw[i] += v;
-            }
-          }
-          if constexpr (kGateIn) {
-            T* gg = pG + j * I;
-#pragma omp simd
-            for (int64_t i = 0; i < I; ++i) {
-              T v = 0;
-              for (int k = 0; k < R; ++k) v += xs[k][i] * cz[k];
-              gg[i] += v;
+              if constexpr (kGateIn) gg[i] += group_dot<R>(xs, cz, i);
             }
           }
           if constexpr (GATE == Gate::kIndependent) {
@@ -446,17 +472,11 @@ void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Sav
         }
       };
 
-      const int64_t n1 = std::min(N, (c + 1) * chunk_rows);
-      for (int64_t g0 = c * chunk_rows; g0 < n1; g0 += kGroup) {
+      for (int64_t g0 = nb; g0 < n1; g0 += kGroup) {
         const int rows = static_cast<int>(std::min<int64_t>(kGroup, n1 - g0));
-        for (int k = 0; k < rows; ++k) {
-          const int64_t r = e * N + g0 + k;
-          for (int64_t j = 0; j < O; ++j) {
-            const int64_t o = r * O + j;
-            output_grads<T, ADD, MUL>(dy[o], ADD && MUL ? sv.a[o] : T(0), MUL ? sv.m[o] : T(0),
-                                      gate_at<T, GATE>(sv.g, o, NO, O), &da[k][j], &du[k][j], &dz[k][j]);
-          }
-          if (compute_grad_x) {
+        if (compute_grad_x) {
+          for (int k = 0; k < rows; ++k) {
+            const int64_t n = g0 + k, r = e * N + n;
             const T* xr = p.x + r * I;
             T* dxr = out.dx + r * I;
             T* sg = sx.data();
@@ -470,7 +490,7 @@ void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Sav
               const T* wj = w + j * I;
               const T* wmj = wm + j * I;
               const T* gj = kGateIn ? gt + j * I : nullptr;
-              const T daj = da[k][j], duj = du[k][j], dzj = dz[k][j];
+              const T daj = og(da_c, n, j), duj = og(du_c, n, j), dzj = og(dz_c, n, j);
 #pragma omp simd
               for (int64_t i = 0; i < I; ++i) {
                 T v = 0;
@@ -483,9 +503,9 @@ void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Sav
           }
         }
         if (rows == kGroup) {
-          accumulate.template operator()<kGroup>(g0, 0);
+          accumulate.template operator()<kGroup>(g0);
         } else {
-          for (int k = 0; k < rows; ++k) accumulate.template operator()<1>(g0 + k, k);
+          for (int k = 0; k < rows; ++k) accumulate.template operator()<1>(g0 + k);
         }
       }
     }
