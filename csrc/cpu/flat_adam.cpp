@@ -24,7 +24,7 @@ namespace {
 
 template <typename T>
 struct AdamScalars {
-  T one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, eps, neg_step_size;
+  T one_minus_beta1, beta2, one_minus_beta2, inv_sqrt_bc2, eps, neg_step_size;
 };
 
 #if defined(__GNUC__)
@@ -54,7 +54,7 @@ NALU_ADAM_INLINE void update_run_impl(T* p, const T* g, T* m, T* v, int64_t n, b
     const T mk = lerp_low ? m[k] + w * (gk - m[k]) : gk - (gk - m[k]) * (T(1) - w);
     T vk = v[k] * s.beta2;
     vk = vk + s.one_minus_beta2 * gk * gk;
-    const T denom = std::sqrt(vk) / s.sqrt_bc2 + s.eps;
+    const T denom = std::sqrt(vk) * s.inv_sqrt_bc2 + s.eps;
     m[k] = mk;
     v[k] = vk;
     p[k] = p[k] + s.neg_step_size * mk / denom;
@@ -129,7 +129,7 @@ at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const
   AT_DISPATCH_FLOATING_TYPES(param.scalar_type(), "flat_adam_step", [&] {
     using T = scalar_t;
     const AdamScalars<T> s{static_cast<T>(1.0 - beta1), static_cast<T>(beta2), static_cast<T>(1.0 - beta2),
-                           static_cast<T>(std::sqrt(bc2)), static_cast<T>(eps), static_cast<T>(-lr / bc1)};
+                           static_cast<T>(1.0 / std::sqrt(bc2)), static_cast<T>(eps), static_cast<T>(-lr / bc1)};
     auto run = &update_run<T>;
 #ifdef NALU_ADAM_HAVE_AVX2
     if (use_avx2()) run = &update_run_avx2<T>;

@@ -19,7 +19,8 @@ namespace cpu {
 // The update is torch.optim.Adam's (no weight decay, no amsgrad), with the step `step` (>= 1):
 //   m = lerp(m, g, 1 - beta1);  v = beta2 v + (1 - beta2) g g;
 //   p = p - (lr / (1 - beta1^step)) m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
-// each operation rounded in the tensors' dtype; every element is computed the same way wherever it
+// each operation rounded in the tensors' dtype (the division by sqrt(1 - beta2^step) as a product
+// with its reciprocal, computed in double: within an ulp of torch's); every element is computed the same way wherever it
 // sits in the buffer (no fused multiply-add in a vector body and not in its remainder), so member
 // e of an ensemble gets exactly the update a one-member run gets.
 at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,

@@ -403,9 +403,9 @@ void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Sav
       T* pW = part;
       T* pWm = sep ? part + OI : part;
       T* pG = part + gate_off;
-      const T* w = p.W + e * OI;
-      const T* wm = p.Wm + e * OI;
-      const T* gt = kGateIn ? p.G + e * OI : nullptr;
+      const T* w = compute_grad_x ? p.W + e * OI : nullptr;
+      const T* wm = compute_grad_x ? p.Wm + e * OI : nullptr;
+      const T* gt = kGateIn && compute_grad_x ? p.G + e * OI : nullptr;
       const int64_t nb = c * chunk_rows, n1 = std::min(N, (c + 1) * chunk_rows);
       {
         const int64_t o0 = (e * N + nb) * O, count = (n1 - nb) * O;
@@ -807,8 +807,11 @@ struct RowwiseWeights {
   Ptrs<T> ptrs;
 };
 
+// Backward needs the weights themselves only for the x-gradient (`matrices` false: no W, W_m, G,
+// only an independent gate's sigmoid).
 template <typename T>
-RowwiseWeights<T> rowwise_weights(const LayerKind& kind, const LayerShape& s, const LayerParams& p, const T* x) {
+RowwiseWeights<T> rowwise_weights(const LayerKind& kind, const LayerShape& s, const LayerParams& p, const T* x,
+                                  bool matrices = true) {
   const bool sep = kind.add && kind.mul && !kind.tied;
   const int64_t n = s.E * s.I * s.O;
   const int64_t mats = 1 + (sep ? 1 : 0) + (kind.gate == Gate::kInput ? 1 : 0);
@@ -823,9 +826,11 @@ RowwiseWeights<T> rowwise_weights(const LayerKind& kind, const LayerShape& s, co
     return next - n;
   };
   r.ptrs.x = x;
-  r.ptrs.W = build_t(p.W_hat, p.M_hat);
-  r.ptrs.Wm = sep ? build_t(p.W_hat_m, p.M_hat_m) : r.ptrs.W;
-  if (kind.gate == Gate::kInput) {
+  if (matrices) {
+    r.ptrs.W = build_t(p.W_hat, p.M_hat);
+    r.ptrs.Wm = sep ? build_t(p.W_hat_m, p.M_hat_m) : r.ptrs.W;
+  }
+  if (kind.gate == Gate::kInput && matrices) {
     transpose_last2<T>(p.G.contiguous().const_data_ptr<T>(), next, s.E, s.I, s.O);
     r.ptrs.G = next;
   } else if (kind.gate == Gate::kIndependent) {
@@ -1056,7 +1061,7 @@ Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Te
       blas_backward<T>(kind, s, sep, xc.view({s.E, s.N, s.I}), dy, b, sv, lx, teps, r.grad_x, dW_t, dWm_t,
                        r.grad_G);
     } else {
-      const RowwiseWeights<T> w = rowwise_weights<T>(kind, s, p, xc.const_data_ptr<T>());
+      const RowwiseWeights<T> w = rowwise_weights<T>(kind, s, p, xc.const_data_ptr<T>(), compute_grad_x);
       GradPtrs<T> gp;
       gp.dx = ptr_or_null<T>(r.grad_x);
       gp.dW = dW.data();
