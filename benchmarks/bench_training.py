@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2000, help="timed steps per measurement (default 2000)")
     ap.add_argument("--ensemble", type=int, default=100, help="seeds in the ensemble (default 100)")
     ap.add_argument("--models", nargs="+", default=["nac", "nalu"], choices=["nac", "nalu"])
-    ap.add_argument("--repeats", type=int, default=3, help="repeats per measurement; the median is reported")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds (each times every configuration once); the median is reported")
     ap.add_argument("--quick", action="store_true", help="one repeat (smoke test)")
     ap.add_argument("--no-prefetch", action="store_true", help="draw data on the training thread")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="output directory")
@@ -130,21 +130,25 @@ def main(argv=None) -> int:
     E = args.ensemble
     rows = []
     for model in args.models:
-        def med(fn):
-            vals = [fn() for _ in range(repeats)]
-            return statistics.median(vals), vals
-
-        meas = {}
-        meas["plain"] = med(lambda: _plain_rate(model, args.steps))
-        meas["1-reference"] = med(lambda: _trainer_rate(model, 1, "reference", args.steps, not args.no_prefetch))
-        meas["1-fused"] = med(lambda: _trainer_rate(model, 1, "fused", args.steps, not args.no_prefetch))
         ens_steps = max(50, args.steps // 4)
-        meas[f"{E}-reference"] = med(lambda: _trainer_rate(model, E, "reference", ens_steps, not args.no_prefetch))
-        meas[f"{E}-fused"] = med(lambda: _trainer_rate(model, E, "fused", ens_steps, not args.no_prefetch))
-        # The training math alone (one batch drawn once, reused): what the kernels and optimiser cost
-        # without the per-seed random numbers (100 seeds x 128 x 100 uniforms a step).
-        meas["math-1-reference"] = med(lambda: _trainer_rate(model, 1, "reference", args.steps, fixed_batch=True))
-        meas[f"math-{E}-fused"] = med(lambda: _trainer_rate(model, E, "fused", ens_steps, fixed_batch=True))
+        runs = {
+            "plain": lambda: _plain_rate(model, args.steps),
+            "1-reference": lambda: _trainer_rate(model, 1, "reference", args.steps, not args.no_prefetch),
+            "1-fused": lambda: _trainer_rate(model, 1, "fused", args.steps, not args.no_prefetch),
+            f"{E}-reference": lambda: _trainer_rate(model, E, "reference", ens_steps, not args.no_prefetch),
+            f"{E}-fused": lambda: _trainer_rate(model, E, "fused", ens_steps, not args.no_prefetch),
+            # The training math alone (one batch drawn once, reused): what the kernels and optimiser
+            # cost without the per-seed random numbers (100 seeds x 128 x 100 uniforms a step).
+            "math-1-reference": lambda: _trainer_rate(model, 1, "reference", args.steps, fixed_batch=True),
+            f"math-{E}-fused": lambda: _trainer_rate(model, E, "fused", ens_steps, fixed_batch=True),
+        }
+        # Repeats are interleaved (each round times every configuration once), so that a slow phase
+        # of a shared machine falls on all of them alike; each row reports the median of its rounds.
+        rounds = {key: [] for key in runs}
+        for _ in range(repeats):
+            for key, fn in runs.items():
+                rounds[key].append(fn())
+        meas = {key: (statistics.median(v), v) for key, v in rounds.items()}
         baseline = max(meas["plain"][0], meas["1-reference"][0])  # the faster single-seed eager run
         for key, (rate, vals) in meas.items():
             math_only = key.startswith("math-")

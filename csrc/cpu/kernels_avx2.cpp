@@ -4,9 +4,12 @@
 #include "nalu_cpu.h"
 
 #ifdef NALU_CPU_HAVE_AVX2
+#include <immintrin.h>
+
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #define NALU_CPU_ISA avx2
+#define NALU_CPU_ISA_IS_AVX2 1  // the float dot products of rowwise_forward use AVX2 intrinsics
 #include "nalu_cpu_kernels.h"
 #pragma GCC pop_options
 #endif

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <array>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "../nalu_layer.h"

@@ -155,6 +155,60 @@ struct OutPtrs {
   T* lx = nullptr;
 };
 
+#ifdef NALU_CPU_ISA_IS_AVX2
+// The dot products of four rows with one output's weights in float: a_k = x_k . w,
+// u_k = lx_k . w_m, z_k = x_k . g, eight inputs per instruction, the last I % 8 by masked loads,
+// and each group of four sums reduced together by horizontal adds (a fixed order: the result
+// depends on I alone).
+inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+template <bool ADD, bool MUL, bool GATE_IN>
+inline void quad_dots(const float* const* x, const float* const* l, const float* w, const float* wm,
+                      const float* g, int64_t I, float* a, float* u, float* z) {
+  __m256 A[4], U[4], Z[4];
+  for (int k = 0; k < 4; ++k) A[k] = U[k] = Z[k] = _mm256_setzero_ps();
+  // MASKED: the last I % 8 inputs (lanes past the row's end are neither read nor counted).
+  auto body = [&]<bool MASKED>(int64_t i, __m256i mask) {
+    auto load = [mask](const float* p) {
+      if constexpr (MASKED) {
+        return _mm256_maskload_ps(p, mask);
+      } else {
+        return _mm256_loadu_ps(p);
+      }
+    };
+    __m256 xv[4];
+    if constexpr (ADD || GATE_IN) {
+      for (int k = 0; k < 4; ++k) xv[k] = load(x[k] + i);
+    }
+    if constexpr (ADD) {
+      const __m256 wv = load(w + i);
+      for (int k = 0; k < 4; ++k) A[k] = _mm256_fmadd_ps(xv[k], wv, A[k]);
+    }
+    if constexpr (MUL) {
+      const __m256 wv = load(wm + i);
+      for (int k = 0; k < 4; ++k) U[k] = _mm256_fmadd_ps(load(l[k] + i), wv, U[k]);
+    }
+    if constexpr (GATE_IN) {
+      const __m256 gv = load(g + i);
+      for (int k = 0; k < 4; ++k) Z[k] = _mm256_fmadd_ps(xv[k], gv, Z[k]);
+    }
+  };
+  int64_t i = 0;
+  const __m256i all = _mm256_set1_epi32(-1);
+  for (; i + 8 <= I; i += 8) body.template operator()<false>(i, all);
+  if (i < I) {
+    alignas(32) static const int32_t kMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    body.template operator()<true>(i, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kMask + 8 - (I - i))));
+  }
+  if constexpr (ADD) _mm_storeu_ps(a, hsum4(A[0], A[1], A[2], A[3]));
+  if constexpr (MUL) _mm_storeu_ps(u, hsum4(U[0], U[1], U[2], U[3]));
+  if constexpr (GATE_IN) _mm_storeu_ps(z, hsum4(Z[0], Z[1], Z[2], Z[3]));
+}
+#endif
+
 template <typename T, bool ADD, bool MUL, Gate GATE>
 void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs<T>& out) {
   const int64_t I = s.I, O = s.O, N = s.N;
@@ -209,6 +263,16 @@ void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs
           const T* wj = w + j * I;
           const T* wmj = wm + j * I;
           const T* gj = GATE == Gate::kInput ? gt + j * I : nullptr;
+#ifdef NALU_CPU_ISA_IS_AVX2
+          if constexpr (std::is_same_v<T, float>) {
+            const float* xs[4] = {x0, x1, x2, x3};
+            const float* ls[4] = {l0, l1, l2, l3};
+            alignas(16) float av[4] = {}, uv[4] = {}, zv[4] = {};
+            quad_dots<ADD, MUL, GATE == Gate::kInput>(xs, ls, wj, wmj, gj, I, av, uv, zv);
+            for (int k = 0; k < 4; ++k) store(r + k, j, av[k], uv[k], zv[k]);
+            continue;
+          }
+#endif
           T a0 = 0, a1 = 0, a2 = 0, a3 = 0, u0 = 0, u1 = 0, u2 = 0, u3 = 0, z0 = 0, z1 = 0, z2 = 0, z3 = 0;
 #pragma omp simd reduction(+ : a0, a1, a2, a3, u0, u1, u2, u3, z0, z1, z2, z3)
           for (int64_t i = 0; i < I; ++i) {

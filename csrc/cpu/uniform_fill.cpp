@@ -223,44 +223,58 @@ void map_run_avx2(const uint32_t* words, float* dst, int64_t count, const Mappin
   for (; i < count; ++i) dst[i] = map_one(words[i], m);
 }
 
-// Generators state[0..3] fill starts[0..3] (same rows, n and row stride).
-void fill_four_avx2(uint64_t* const state[4], const Cursor starts[4], int64_t total, const Mapping& m) {
-  auto lane = [&](int k) {
-    return _mm256_setr_epi64x(static_cast<int64_t>(state[0][k]), static_cast<int64_t>(state[1][k]),
-                              static_cast<int64_t>(state[2][k]), static_cast<int64_t>(state[3][k]));
-  };
-  Sfc64x4 g{lane(0), lane(1), lane(2), lane(3)};
-  Cursor c[4] = {starts[0], starts[1], starts[2], starts[3]};
-  alignas(64) uint64_t buf[4][kSteps];
+// Generators state[0 .. 4 NG - 1] fill starts[0 .. 4 NG - 1] (same rows, n and row stride), NG
+// groups of four lanes at once: one SFC64 step is a chain of dependent instructions, and two
+// independent groups keep the vector units busy while each waits on its own chain.
+template <int NG>
+void fill_avx2(uint64_t* const* state, const Cursor* starts, int64_t total, const Mapping& m) {
+  constexpr int G = 4 * NG;
+  Sfc64x4 g[NG];
+  for (int q = 0; q < NG; ++q) {
+    auto lane = [&](int k) {
+      return _mm256_setr_epi64x(static_cast<int64_t>(state[4 * q][k]), static_cast<int64_t>(state[4 * q + 1][k]),
+                                static_cast<int64_t>(state[4 * q + 2][k]), static_cast<int64_t>(state[4 * q + 3][k]));
+    };
+    g[q] = Sfc64x4{lane(0), lane(1), lane(2), lane(3)};
+  }
+  Cursor c[G];
+  for (int k = 0; k < G; ++k) c[k] = starts[k];
+  alignas(64) uint64_t buf[G][kSteps];
   for (int64_t left = total; left > 0;) {
     const int64_t words = std::min(left, kWords);
     const int64_t steps = (words + 1) / 2;
     int64_t i = 0;
     for (; i + 4 <= steps; i += 4) {
-      // r_k holds step k of the four generators; transpose to four steps of each generator.
-      const __m256i r0 = g.next(), r1 = g.next(), r2 = g.next(), r3 = g.next();
-      const __m256i t0 = _mm256_unpacklo_epi64(r0, r1), t1 = _mm256_unpackhi_epi64(r0, r1);
-      const __m256i t2 = _mm256_unpacklo_epi64(r2, r3), t3 = _mm256_unpackhi_epi64(r2, r3);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(&buf[0][i]), _mm256_permute2x128_si256(t0, t2, 0x20));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(&buf[1][i]), _mm256_permute2x128_si256(t1, t3, 0x20));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(&buf[2][i]), _mm256_permute2x128_si256(t0, t2, 0x31));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(&buf[3][i]), _mm256_permute2x128_si256(t1, t3, 0x31));
+      for (int q = 0; q < NG; ++q) {
+        // r_k holds step k of the four generators; transpose to four steps of each generator.
+        const __m256i r0 = g[q].next(), r1 = g[q].next(), r2 = g[q].next(), r3 = g[q].next();
+        const __m256i t0 = _mm256_unpacklo_epi64(r0, r1), t1 = _mm256_unpackhi_epi64(r0, r1);
+        const __m256i t2 = _mm256_unpacklo_epi64(r2, r3), t3 = _mm256_unpackhi_epi64(r2, r3);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(&buf[4 * q][i]), _mm256_permute2x128_si256(t0, t2, 0x20));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(&buf[4 * q + 1][i]), _mm256_permute2x128_si256(t1, t3, 0x20));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(&buf[4 * q + 2][i]), _mm256_permute2x128_si256(t0, t2, 0x31));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(&buf[4 * q + 3][i]), _mm256_permute2x128_si256(t1, t3, 0x31));
+      }
     }
     for (; i < steps; ++i) {
-      alignas(32) uint64_t r[4];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(r), g.next());
-      for (int k = 0; k < 4; ++k) buf[k][i] = r[k];
+      for (int q = 0; q < NG; ++q) {
+        alignas(32) uint64_t r[4];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(r), g[q].next());
+        for (int k = 0; k < 4; ++k) buf[4 * q + k][i] = r[k];
+      }
     }
-    for (int k = 0; k < 4; ++k) emit<map_run_avx2>(reinterpret_cast<const uint32_t*>(buf[k]), words, c[k], m);
+    for (int k = 0; k < G; ++k) emit<map_run_avx2>(reinterpret_cast<const uint32_t*>(buf[k]), words, c[k], m);
     left -= words;
   }
-  alignas(32) uint64_t s[4][4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(s[0]), g.a);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(s[1]), g.b);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(s[2]), g.c);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(s[3]), g.w);
-  for (int k = 0; k < 4; ++k)
-    for (int j = 0; j < 4; ++j) state[k][j] = s[j][k];
+  for (int q = 0; q < NG; ++q) {
+    alignas(32) uint64_t s[4][4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s[0]), g[q].a);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s[1]), g[q].b);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s[2]), g[q].c);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s[3]), g[q].w);
+    for (int k = 0; k < 4; ++k)
+      for (int j = 0; j < 4; ++j) state[4 * q + k][j] = s[j][k];
+  }
 }
 
 #pragma GCC pop_options
@@ -353,10 +367,21 @@ void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double l
   int64_t g = 0;
 #ifdef NALU_FILL_HAVE_AVX2
   if (use_avx2()) {
+    uint64_t* st[8];
+    Cursor starts[8];
+    auto prepare = [&](int k) {
+      for (int j = 0; j < k; ++j) {
+        st[j] = states + 4 * (g + j);
+        starts[j] = cursor(g + j);
+      }
+    };
+    for (; g + 8 <= gens; g += 8) {
+      prepare(8);
+      fill_avx2<2>(st, starts, total, m);
+    }
     for (; g + 4 <= gens; g += 4) {
-      uint64_t* const st[4] = {states + 4 * g, states + 4 * (g + 1), states + 4 * (g + 2), states + 4 * (g + 3)};
-      const Cursor starts[4] = {cursor(g), cursor(g + 1), cursor(g + 2), cursor(g + 3)};
-      fill_four_avx2(st, starts, total, m);
+      prepare(4);
+      fill_avx2<1>(st, starts, total, m);
     }
   }
 #endif
