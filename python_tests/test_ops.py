@@ -132,6 +132,15 @@ def test_weight_construction_accuracy_float32():
         assert (err <= 1e-6 * want.abs() + 1e-7).all()
 
 
+def _run_with_isa(code: str, isa_env):
+    """Runs `code` in a fresh interpreter (the instruction set is chosen once per process)."""
+    env = dict(os.environ)
+    if isa_env:
+        env["NALU_CUDA_CPU_ISA"] = isa_env
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr + out.stdout
+
+
 @pytest.mark.parametrize("isa_env", [None, "base"])
 def test_log_exp_roundtrip_float32_wide_range(isa_env):
     # W = tanh(20) * sigmoid(20) = 1 - 2e-9, so y = exp(log(|x| + eps)) ~ |x| + eps: the float32
@@ -150,11 +159,7 @@ def test_log_exp_roundtrip_float32_wide_range(isa_env):
         "assert torch.isinf(y[~ok]).all() or (~ok).sum() == 0\n"
         "print('ok', rel)\n"
     )
-    env = dict(os.environ)
-    if isa_env:
-        env["NALU_CUDA_CPU_ISA"] = isa_env
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr + out.stdout
+    _run_with_isa(code, isa_env)
 
 
 @pytest.mark.parametrize("isa_env", [None, "base"])
@@ -182,11 +187,7 @@ def test_log_path_within_one_ulp_float32(isa_env):
         "        assert torch.equal(lx[~fin].isnan(), want[~fin].isnan()) and (lx[~fin] == want[~fin]).sum() == (want[~fin] == want[~fin]).sum()\n"
         "print('ok')\n"
     )
-    env = dict(os.environ)
-    if isa_env:
-        env["NALU_CUDA_CPU_ISA"] = isa_env
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr + out.stdout
+    _run_with_isa(code, isa_env)
 
 
 def test_baseline_isa_matches_reference():

@@ -593,46 +593,49 @@ bool narrow(const LayerShape& s) { return rowwise(s) && s.I <= kNarrowMaxIn; }
 
 // Between rows (R x K, row-major) and columns (K x kNarrowRows). With K known at compile time the
 // compiler turns the interleaved accesses into vector shuffles; most layers here have K <= 4.
-template <typename T, int64_t K>
-inline void to_columns_k(const T* src, T* dst, int64_t R) {
+template <bool TO_COLUMNS, typename T, int64_t K>
+inline void move_block_k(const T* src, T* dst, int64_t R) {
 #pragma omp simd
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = 0; i < K; ++i) dst[i * kNarrowRows + r] = src[r * K + i];
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t i = 0; i < K; ++i) {
+      if constexpr (TO_COLUMNS) {
+        dst[i * kNarrowRows + r] = src[r * K + i];
+      } else {
+        dst[r * K + i] = src[i * kNarrowRows + r];
+      }
+    }
+  }
 }
 
-template <typename T, int64_t K>
-inline void from_columns_k(const T* src, T* dst, int64_t R) {
-#pragma omp simd
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = 0; i < K; ++i) dst[r * K + i] = src[i * kNarrowRows + r];
+template <bool TO_COLUMNS, typename T>
+inline void move_block(const T* src, T* dst, int64_t R, int64_t K) {
+  switch (K) {
+    case 1: return move_block_k<TO_COLUMNS, T, 1>(src, dst, R);
+    case 2: return move_block_k<TO_COLUMNS, T, 2>(src, dst, R);
+    case 3: return move_block_k<TO_COLUMNS, T, 3>(src, dst, R);
+    case 4: return move_block_k<TO_COLUMNS, T, 4>(src, dst, R);
+    default:
+      for (int64_t r = 0; r < R; ++r) {
+        for (int64_t i = 0; i < K; ++i) {
+          if constexpr (TO_COLUMNS) {
+            dst[i * kNarrowRows + r] = src[r * K + i];
+          } else {
+            dst[r * K + i] = src[i * kNarrowRows + r];
+          }
+        }
+      }
+  }
 }
 
-// dst[i * kNarrowRows + r] = src[r * K + i] for the block's R rows.
+// dst[i * kNarrowRows + r] = src[r * K + i] for the block's R rows, and back.
 template <typename T>
 inline void to_columns(const T* src, T* dst, int64_t R, int64_t K) {
-  switch (K) {
-    case 1: return to_columns_k<T, 1>(src, dst, R);
-    case 2: return to_columns_k<T, 2>(src, dst, R);
-    case 3: return to_columns_k<T, 3>(src, dst, R);
-    case 4: return to_columns_k<T, 4>(src, dst, R);
-    default:
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t i = 0; i < K; ++i) dst[i * kNarrowRows + r] = src[r * K + i];
-  }
+  move_block<true>(src, dst, R, K);
 }
 
-// dst[r * K + i] = src[i * kNarrowRows + r] for the block's R rows.
 template <typename T>
 inline void from_columns(const T* src, T* dst, int64_t R, int64_t K) {
-  switch (K) {
-    case 1: return from_columns_k<T, 1>(src, dst, R);
-    case 2: return from_columns_k<T, 2>(src, dst, R);
-    case 3: return from_columns_k<T, 3>(src, dst, R);
-    case 4: return from_columns_k<T, 4>(src, dst, R);
-    default:
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t i = 0; i < K; ++i) dst[r * K + i] = src[i * kNarrowRows + r];
-  }
+  move_block<false>(src, dst, R, K);
 }
 
 template <typename T, bool ADD, bool MUL, Gate GATE>
