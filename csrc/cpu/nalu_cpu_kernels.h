@@ -155,6 +155,26 @@ struct OutPtrs {
   T* lx = nullptr;
 };
 
+// The NALU epilogue over output elements [k0, k1): m = exp(u) (u is in m), the gate, y = blend.
+// With an input gate g holds z and becomes sigmoid(z); an independent gate reads sigmoid(G) from
+// gind, (E, O), for element k = (e N + n) O + j.
+template <typename T, bool INPUT_GATE>
+inline void nalu_epilogue(const T* a, T* m, T* g, T* y, const T* gind, int64_t k0, int64_t k1, int64_t NO,
+                          int64_t O) {
+#pragma omp simd
+  for (int64_t k = k0; k < k1; ++k) {
+    const T mv = nm::exp_(m[k]);
+    m[k] = mv;
+    if constexpr (INPUT_GATE) {
+      const T gv = nm::sigmoid(g[k]);
+      g[k] = gv;
+      y[k] = nm::blend(a[k], mv, gv);
+    } else {
+      y[k] = nm::blend(a[k], mv, gind[(k / NO) * O + k % O]);
+    }
+  }
+}
+
 #ifdef NALU_CPU_ISA_IS_AVX2
 // The dot products of four rows with one output's weights in float: a_k = x_k . w,
 // u_k = lx_k . w_m, z_k = x_k . g, eight inputs per instruction, the last I % 8 by masked loads,
@@ -321,29 +341,7 @@ void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs
     // Epilogue over the chunk's outputs [r0 * O, r1 * O): m = exp(u), g = sigmoid(z), y = blend.
     const int64_t k0 = r0 * O, k1 = r1 * O;
     if constexpr (ADD && MUL) {
-      T* a = out.a;
-      T* m = out.m;
-      T* y = out.y;
-      if constexpr (GATE == Gate::kInput) {
-        T* g = out.g;
-#pragma omp simd
-        for (int64_t k = k0; k < k1; ++k) {
-          const T mv = nm::exp_(m[k]);
-          const T gv = nm::sigmoid(g[k]);
-          m[k] = mv;
-          g[k] = gv;
-          y[k] = nm::blend(a[k], mv, gv);
-        }
-      } else {
-        const T* gind = p.gind;
-        const int64_t NO = N * O;
-#pragma omp simd
-        for (int64_t k = k0; k < k1; ++k) {
-          const T mv = nm::exp_(m[k]);
-          m[k] = mv;
-          y[k] = nm::blend(a[k], mv, gind[(k / NO) * O + k % O]);
-        }
-      }
+      nalu_epilogue<T, GATE == Gate::kInput>(out.a, out.m, out.g, out.y, p.gind, k0, k1, N * O, O);
     } else if constexpr (MUL) {
       T* y = out.y;
 #pragma omp simd
@@ -958,19 +956,13 @@ void blas_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& 
   const int64_t O = s.O, NO = s.N * s.O;
   if (kind.gate == Gate::kInput) {
     T* g = f.g.data_ptr<T>();
-    parallel_simd(count, 64, [=](int64_t k) {
-      const T mv = nm::exp_(m[k]);
-      const T gv = nm::sigmoid(g[k]);
-      m[k] = mv;
-      g[k] = gv;
-      y[k] = nm::blend(a[k], mv, gv);
+    at::parallel_for(0, count, grain_for(64), [=](int64_t k0, int64_t k1) {
+      nalu_epilogue<T, true>(a, m, g, y, nullptr, k0, k1, NO, O);
     });
   } else {
     const T* gind = b.gind.const_data_ptr<T>();
-    parallel_simd(count, 32, [=](int64_t k) {
-      const T mv = nm::exp_(m[k]);
-      m[k] = mv;
-      y[k] = nm::blend(a[k], mv, gind[(k / NO) * O + k % O]);
+    at::parallel_for(0, count, grain_for(32), [=](int64_t k0, int64_t k1) {
+      nalu_epilogue<T, false>(a, m, nullptr, y, gind, k0, k1, NO, O);
     });
   }
 }
