@@ -157,15 +157,15 @@ class FlatAdam:
         """The fused CPU step (csrc/cpu/flat_adam.cpp) and the (offset, per-member size) of every
         parameter, or None where it does not apply (not CPU, extension not built, a parameter
         without the leading member dimension E)."""
-        if self._segments is None or self._segments[0] != E:
-            segs = None
-            if self.flat.device.type == "cpu" and all(shape[:1] == (E,) for _, _, shape in self._views):
-                segs = torch.tensor([[off, k // E] for off, k, _ in self._views], dtype=torch.long)
-            self._segments = (E, segs)
-        from nalu_cuda import _ops
+        if self._segments is None or self._segments[0] != E:  # worked out once per E, not per step
+            from nalu_cuda import _ops
 
-        fn = getattr(_ops.fast, "flat_adam_step", None)
-        return None if fn is None or self._segments[1] is None else (fn, self._segments[1])
+            native = None
+            fn = getattr(_ops.fast, "flat_adam_step", None)
+            if fn is not None and self.flat.device.type == "cpu" and all(s[:1] == (E,) for _, _, s in self._views):
+                native = (fn, torch.tensor([[off, k // E] for off, k, _ in self._views], dtype=torch.long))
+            self._segments = (E, native)
+        return self._segments[1]
 
     @torch.no_grad()
     def step_ensemble(self, frozen: Tensor, freeze_nonfinite: bool) -> Tensor:
