@@ -24,15 +24,19 @@ const std::vector<at::ScalarType>& cpu_dtypes() {
 #define NALU_CPU_CALL(fn, ...) base::fn(__VA_ARGS__)
 #endif
 
+// The parameters of one call, each made contiguous here, once, and owned by the LayerParams for
+// the whole call: the kernels read them through raw pointers, which must never point into a
+// temporary copy (a `t.contiguous().data_ptr()` of a non-contiguous `t` dangles at the `;`).
 LayerParams params(const at::Tensor& W_hat, const at::Tensor& M_hat,
                    const c10::optional<at::Tensor>& W_hat_m = c10::nullopt,
                    const c10::optional<at::Tensor>& M_hat_m = c10::nullopt, const at::Tensor& G = at::Tensor()) {
+  auto own = [](const at::Tensor& t) { return t.defined() ? t.contiguous() : t; };
   LayerParams p;
-  p.W_hat = W_hat;
-  p.M_hat = M_hat;
-  if (W_hat_m.has_value()) p.W_hat_m = *W_hat_m;
-  if (M_hat_m.has_value()) p.M_hat_m = *M_hat_m;
-  p.G = G;
+  p.W_hat = own(W_hat);
+  p.M_hat = own(M_hat);
+  if (W_hat_m.has_value()) p.W_hat_m = own(*W_hat_m);
+  if (M_hat_m.has_value()) p.M_hat_m = own(*M_hat_m);
+  p.G = own(G);
   return p;
 }
 

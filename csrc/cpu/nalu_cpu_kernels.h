@@ -856,7 +856,8 @@ BlasWeights blas_weights(const LayerKind& kind, const LayerShape& s, const Layer
     if (kind.gate == Gate::kInput) b.G = p.G.contiguous().view({s.E, s.I, s.O});
     if (kind.gate == Gate::kIndependent) {
       b.gind = at::empty(p.G.sizes(), opts);
-      const T* gp = p.G.contiguous().const_data_ptr<T>();
+      const at::Tensor gc = p.G.contiguous();  // owns the data gp points to
+      const T* gp = gc.const_data_ptr<T>();
       T* out = b.gind.data_ptr<T>();
       for (int64_t k = 0; k < s.E * s.O; ++k) out[k] = nm::sigmoid(gp[k]);
     }
@@ -900,7 +901,8 @@ RowwiseWeights<T> rowwise_weights(const LayerKind& kind, const LayerShape& s, co
     r.ptrs.G = next;
   } else if (kind.gate == Gate::kIndependent) {
     T* g = tmp + n;
-    const T* gp = p.G.contiguous().const_data_ptr<T>();
+    const at::Tensor gc = p.G.contiguous();  // owns the data gp points to
+    const T* gp = gc.const_data_ptr<T>();
     for (int64_t k = 0; k < s.E * s.O; ++k) g[k] = nm::sigmoid(gp[k]);
     r.ptrs.gind = g;
   }
