@@ -62,7 +62,7 @@ def _extension():
         "csrc/autocast.cpp",
         "csrc/autograd.cpp",
         "csrc/module.cpp",
-    ] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    ] + sorted(glob.glob("csrc/cpu/*.cpp")) + sorted(glob.glob("csrc/training/*.cpp"))
     macros = [("NALU_CUDA_VERSION", f'"{VERSION}"')]
     # -fno-trapping-math lets gcc turn the selects of csrc/nalu_math.h into vector blends (it
     # changes no result: nothing here reads floating-point exception flags).

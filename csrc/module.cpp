@@ -10,8 +10,8 @@
 
 #include <tuple>
 
-#include "cpu/flat_adam.h"
-#include "cpu/uniform_fill.h"
+#include "training/flat_adam.h"
+#include "training/uniform_fill.h"
 
 #ifndef NALU_CUDA_VERSION
 #define NALU_CUDA_VERSION "unknown"
@@ -77,15 +77,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("nac", &nac, release());
   m.def("nac_mul", &nac_mul, release());
   m.def("nalu", &nalu, release());
-  // The training data of nalu_cuda.experiments.arithmetic.UniformStream (csrc/cpu/uniform_fill.h).
-  m.def("sfc64_uniform_fill", &nalu_cuda::cpu::sfc64_uniform_fill, release(), pybind11::arg("state"),
+  // The training data of nalu_cuda.experiments.arithmetic.UniformStream (csrc/training/uniform_fill.h).
+  m.def("sfc64_uniform_fill", &nalu_cuda::training::sfc64_uniform_fill, release(), pybind11::arg("state"),
         pybind11::arg("out"), pybind11::arg("lo"), pybind11::arg("hi"), pybind11::arg("raw") = false,
         pybind11::arg("weights") = pybind11::none(), pybind11::arg("sums") = pybind11::none(),
         "Fill out (rows, n), or (rows, G, n) for a state (G, 4), with numpy SFC64 float32 uniforms in "
         "[lo, hi) ([1, 2) when raw), advancing the int64 state(s) in place; with weights (G, seg, K) and "
         "sums (rows, G, n / seg, K), both float64, also the weighted sums of each segment of seg values.");
-  // One Adam step of nalu_cuda.experiments.training.FlatAdam (csrc/cpu/flat_adam.h).
-  m.def("flat_adam_step", &nalu_cuda::cpu::flat_adam_step, release(), pybind11::arg("param"), pybind11::arg("grad"),
+  // One Adam step of nalu_cuda.experiments.training.FlatAdam (csrc/training/flat_adam.h).
+  m.def("flat_adam_step", &nalu_cuda::training::flat_adam_step, release(), pybind11::arg("param"), pybind11::arg("grad"),
         pybind11::arg("exp_avg"), pybind11::arg("exp_avg_sq"), pybind11::arg("segments"), pybind11::arg("frozen"),
         pybind11::arg("freeze_nonfinite"), pybind11::arg("lr"), pybind11::arg("beta1"), pybind11::arg("beta2"), pybind11::arg("eps"), pybind11::arg("step"),
         "Adam on flat CPU buffers of an ensemble's (E, ...) parameters, members frozen where `frozen` (and, with "

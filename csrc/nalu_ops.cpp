@@ -1,8 +1,10 @@
 // nalu_ops.cpp: the schema of every nalu_cuda op, declared once.
 //
 // Kernels register per dispatch key elsewhere: csrc/cpu/nalu_cpu.cpp (CPU), csrc/cuda/nalu_cuda.cpp
-// (CUDA), csrc/autocast.cpp (Autocast); fakes and autograd are registered from Python
-// (nalu_cuda/_ops.py). Shapes: weights (I, O) with x (..., I), or (E, I, O) with x (E, ..., I).
+// (CUDA), csrc/autocast.cpp (Autocast), csrc/autograd.cpp (Autograd, in C++: at the paper's sizes a
+// Python autograd wrapper costs more than the fused forward); the fakes that torch.compile traces
+// are registered from Python (nalu_cuda/_ops.py). Shapes: weights (I, O) with x (..., I), or
+// (E, I, O) with x (E, ..., I).
 //
 // Forward ops also return what their backward needs beyond the inputs: lx = log(|x| + eps) (the
 // costliest step on a CPU; autograd's reference path keeps it too), and a, m, g for NALU. W is

@@ -6,7 +6,7 @@
 // instructions, straight into the rows of `out`.
 #include "uniform_fill.h"
 
-#include "nalu_cpu.h"
+#include "../cpu/nalu_cpu.h"  // use_avx2()
 
 #include <c10/util/Exception.h>
 
@@ -41,7 +41,7 @@
 #endif
 
 namespace nalu_cuda {
-namespace cpu {
+namespace training {
 namespace {
 
 // numpy/random/src/sfc64/sfc64.h: s[0..2] = a, b, c; s[3] = w, the counter.
@@ -351,7 +351,7 @@ void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double l
     }
     rs = RowSums{wt.data(), spans.data(), o.data_ptr<double>(), gens, seg, K, segs, &reduce_row};
 #ifdef NALU_FILL_HAVE_AVX2
-    if (use_avx2()) rs.reduce = &reduce_row_avx2;
+    if (cpu::use_avx2()) rs.reduce = &reduce_row_avx2;
 #endif
   }
   const RowSums* row_sums = weights.has_value() ? &rs : nullptr;
@@ -366,7 +366,7 @@ void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double l
 
   int64_t g = 0;
 #ifdef NALU_FILL_HAVE_AVX2
-  if (use_avx2()) {
+  if (cpu::use_avx2()) {
     uint64_t* st[8];
     Cursor starts[8];
     auto prepare = [&](int k) {
@@ -388,5 +388,5 @@ void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double l
   for (; g < gens; ++g) fill_one(states + 4 * g, cursor(g), total, m);
 }
 
-}  // namespace cpu
+}  // namespace training
 }  // namespace nalu_cuda

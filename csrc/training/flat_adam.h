@@ -6,7 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 namespace nalu_cuda {
-namespace cpu {
+namespace training {
 
 // param, grad, exp_avg, exp_avg_sq: contiguous 1-D CPU tensors of one floating dtype and size n.
 // segments: int64 (P, 2); row p = (offset, per_member): elements [offset, offset + E * per_member)
@@ -27,5 +27,5 @@ at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const
                           const at::Tensor& exp_avg_sq, const at::Tensor& segments, const at::Tensor& frozen,
                           bool freeze_nonfinite, double lr, double beta1, double beta2, double eps, int64_t step);
 
-}  // namespace cpu
+}  // namespace training
 }  // namespace nalu_cuda

@@ -1,7 +1,7 @@
 // flat_adam.cpp: see flat_adam.h.
 #include "flat_adam.h"
 
-#include "nalu_cpu.h"
+#include "../cpu/nalu_cpu.h"  // use_avx2()
 
 #include <ATen/Dispatch.h>
 #include <ATen/ops/zeros.h>
@@ -19,7 +19,7 @@
 #endif
 
 namespace nalu_cuda {
-namespace cpu {
+namespace training {
 namespace {
 
 template <typename T>
@@ -132,7 +132,7 @@ at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const
                            static_cast<T>(1.0 / std::sqrt(bc2)), static_cast<T>(eps), static_cast<T>(-lr / bc1)};
     auto run = &update_run<T>;
 #ifdef NALU_ADAM_HAVE_AVX2
-    if (use_avx2()) run = &update_run_avx2<T>;
+    if (cpu::use_avx2()) run = &update_run_avx2<T>;
 #endif
     T* p = param.data_ptr<T>();
     const T* g = grad.const_data_ptr<T>();
@@ -153,5 +153,5 @@ at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const
   return nonfinite;
 }
 
-}  // namespace cpu
+}  // namespace training
 }  // namespace nalu_cuda

@@ -7,7 +7,7 @@
 #include <optional>
 
 namespace nalu_cuda {
-namespace cpu {
+namespace training {
 
 // Fills `out` in C order from SFC64 generators and advances their states in place.
 //
@@ -32,5 +32,5 @@ void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double l
                         const std::optional<at::Tensor>& weights = std::nullopt,
                         const std::optional<at::Tensor>& sums = std::nullopt);
 
-}  // namespace cpu
+}  // namespace training
 }  // namespace nalu_cuda
