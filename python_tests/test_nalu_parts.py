@@ -119,3 +119,23 @@ def test_module_argument_errors():
         functional.nalu(rand_input((N, I)), W_hat, M_hat, G, G_bias=torch.zeros(I))
     with pytest.raises(ValueError, match="argument 'G_bias' needs gate='input'"):
         reference.nalu(rand_input((N, I)), W_hat, M_hat, torch.zeros(O), gate="independent", G_bias=torch.zeros(O))
+
+
+def test_compiles_fullgraph_with_parts_and_gate_bias():
+    # aot_eager: the whole graph is traced (fullgraph) through the autograd.Function and the ops'
+    # fakes, forward and backward; inductor's code generation (python_tests/test_compile.py runs it
+    # on the plain path) would add about a minute on a small machine and test nothing of this.
+    layer = NALU(I, O, tied=False, gate_bias=True, keep_parts=True, backend="fused", dtype=torch.float64)
+    x = rand_input((N, I))
+
+    def loss(x):
+        y = layer(x)
+        return (y * y).sum() + (layer.parts.g * (1 - layer.parts.g)).sum()
+
+    want = loss(x)
+    want_grads = torch.autograd.grad(want, list(layer.parameters()))
+    got = torch.compile(loss, fullgraph=True, backend="aot_eager")(x)
+    got_grads = torch.autograd.grad(got, list(layer.parameters()))
+    torch.testing.assert_close(got, want)
+    for u, v in zip(got_grads, want_grads):
+        torch.testing.assert_close(u, v)
