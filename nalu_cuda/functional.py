@@ -209,5 +209,15 @@ def nalu_parts(
     if G_bias is not None:
         _check_gate_bias("functional.nalu_parts", W_hat, G_bias, gate)
         x, W_hat, M_hat, W_hat_m, M_hat_m, G = _with_gate_bias(x, W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias)
-    y, a, m, g = _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
-    return y, a, m, g
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        # the ops' autocast policy (csrc/autocast.cpp): float16/bfloat16 arguments cast to float32
+        # once, the op run outside autocast; here before the Function, so that what it saves for
+        # backward has the dtype the ops ran in.
+        def f32(t):
+            return t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t
+
+        x, W_hat, M_hat, W_hat_m, M_hat_m, G = map(f32, (x, W_hat, M_hat, W_hat_m, M_hat_m, G))
+        with torch.autocast(dev, enabled=False):
+            return _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
+    return _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")

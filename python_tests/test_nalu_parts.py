@@ -139,3 +139,21 @@ def test_compiles_fullgraph_with_parts_and_gate_bias():
     torch.testing.assert_close(got, want)
     for u, v in zip(got_grads, want_grads):
         torch.testing.assert_close(u, v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_parts_under_autocast_run_in_float32(device):
+    low = torch.bfloat16
+    layer = NALU(I, O, gate_bias=True, keep_parts=True, backend="fused").to(device)
+    x = rand_input((N, I), dtype=torch.float32, device=device)
+    with torch.autocast(device, dtype=low):
+        y = layer(x.to(low))
+    assert y.dtype == torch.float32 and all(t.dtype == torch.float32 for t in layer.parts)
+    (y.sum() + layer.parts.g.sum()).backward()
+    want = NALU(I, O, gate_bias=True, keep_parts=True, backend="reference").to(device)
+    want.load_state_dict(layer.state_dict())
+    y_want = want(x.to(low).float())
+    (y_want.sum() + want.parts.g.sum()).backward()
+    torch.testing.assert_close(y, y_want)
+    for p, q in zip(layer.parameters(), want.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
