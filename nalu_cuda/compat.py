@@ -42,7 +42,14 @@ AndreasMadsen/stable-nalu (``stable_nalu/layer/_abstract_nalu.py``, ``nac.py``; 
     ensemble); for code that multiplies ``F.linear(x, W)``.
 
 :class:`StableNALULayer` and :class:`StableNACLayer` take stable-nalu's constructor arguments, so
-they register as units there: ``unit_name_to_layer_class['NALU'] = nalu_cuda.compat.StableNALULayer``.
+they register as units there. stable-nalu collects regularisers (and ``optimize``, ``set_parameter``)
+only from children that are its ``ExtendedTorchModule``: :func:`stable_nalu_units` makes classes that
+are, so that a registered unit's gate regulariser reaches the loss::
+
+    from stable_nalu.abstract import ExtendedTorchModule
+    from stable_nalu.layer.generalized import unit_name_to_layer_class
+    NACLayer, NALULayer = nalu_cuda.compat.stable_nalu_units(ExtendedTorchModule)
+    unit_name_to_layer_class.update(NAC=NACLayer, NALU=NALULayer)
 """
 from __future__ import annotations
 
@@ -56,7 +63,7 @@ from .reference import DEFAULT_EPS
 
 __all__ = [
     "from_kevinzakka", "to_kevinzakka", "from_stable_nalu", "to_stable_nalu",
-    "from_linear_layout", "to_linear_layout", "StableNALULayer", "StableNACLayer",
+    "from_linear_layout", "to_linear_layout", "StableNALULayer", "StableNACLayer", "stable_nalu_units",
 ]
 
 StateDict = Dict[str, Tensor]
@@ -277,3 +284,28 @@ class StableNALULayer(_StableUnit, NALU):
             g = self.parts.g
             out["g"] = torch.sum(g ** 2 * (1 - g) ** 2)
         return out
+
+
+def stable_nalu_units(base: type):
+    """``(NACLayer, NALULayer)``: :class:`StableNACLayer` and :class:`StableNALULayer` that are also
+    instances of ``base``, stable-nalu's ``ExtendedTorchModule`` (passed in: this library does not
+    depend on stable-nalu). ``base.__init__(default_name, writer=..., name=...)`` runs with their
+    ``writer`` and ``name``, so ``self.writer`` is their namespaced writer; parameters and state-dict
+    keys are those of the plain classes. ``regualizer()`` returns a dict, as their recursion expects."""
+
+    class _Base(base):
+        # Reached through the modules' super().__init__(), which passes nothing: the arguments for
+        # base were left on the instance by the constructor below.
+        def __init__(self):
+            default_name, writer, name = self.__dict__.pop("_stable_base_args")
+            base.__init__(self, default_name, writer=writer, name=name)
+
+    def unit(cls, default_name):
+        def __init__(self, in_features, out_features, *, writer=None, name=None, **kwargs):
+            object.__setattr__(self, "_stable_base_args", (default_name, writer, name))
+            cls.__init__(self, in_features, out_features, **kwargs)
+
+        return type(cls.__name__, (cls, _Base), {"__init__": __init__, "__module__": __name__,
+                                                 "__qualname__": f"stable_nalu_units.<{cls.__name__}>"})
+
+    return unit(StableNACLayer, "nac"), unit(StableNALULayer, "nalu")

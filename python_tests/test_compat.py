@@ -242,3 +242,56 @@ def test_stable_nac_unit():
     W_hat, M_hat = torch.empty(O, I).uniform_(-r, r), torch.empty(O, I).uniform_(-r, r)
     assert torch.equal(unit.W_hat, W_hat.t()) and torch.equal(unit.M_hat, M_hat.t())
     assert unit.regualizer({"z": 1}) == {"z": 1}
+
+
+class _Writer:
+    """stable-nalu's DummySummaryWriter, as far as the units use it."""
+
+    def __init__(self, path=""):
+        self.path, self.scalars = path, {}
+
+    def namespace(self, name):
+        return _Writer(f"{self.path}/{name}")
+
+    def add_scalar(self, key, value, **kw):
+        self.scalars[key] = value
+
+
+class _ExtendedTorchModule(torch.nn.Module):
+    """stable-nalu's ExtendedTorchModule (stable_nalu/abstract/_extended_torch_module.py), re-implemented:
+    regularisers are collected from children of this class only."""
+
+    def __init__(self, default_name, *args, writer=None, name=None, **kwargs):
+        super().__init__()
+        self.writer = (writer or _Writer()).namespace(default_name if name is None else name)
+
+    def regualizer(self, merge_in=None):
+        out = dict(merge_in or {})
+        for module in self.children():
+            if isinstance(module, _ExtendedTorchModule):
+                for k, v in module.regualizer().items():
+                    out[k] = out.get(k, 0) + v
+        return out
+
+
+def test_stable_nalu_units_join_their_regulariser_recursion():
+    NACLayer, NALULayer = compat.stable_nalu_units(_ExtendedTorchModule)
+
+    class GeneralizedLayer(_ExtendedTorchModule):  # how stable-nalu builds a registered unit
+        def __init__(self, Layer, **kw):
+            super().__init__("layer", **kw)
+            self.layer = Layer(I, O, writer=self.writer, nalu_gate="regualized", regualizer_z=0)
+
+        def forward(self, x):
+            return self.layer(x)
+
+    net = GeneralizedLayer(NALULayer, writer=_Writer("run"))
+    assert isinstance(net.layer, _ExtendedTorchModule) and isinstance(net.layer, NALU)
+    assert net.layer.writer.path == "run/layer/nalu"
+    assert net.layer.state_dict().keys() == compat.StableNALULayer(I, O).state_dict().keys()
+    net.layer.reset_parameters()
+    net(rand_input((6, I)).float())
+    g = net.layer.parts.g
+    torch.testing.assert_close(net.regualizer()["g"], torch.sum(g ** 2 * (1 - g) ** 2))
+    nac = GeneralizedLayer(NACLayer).layer
+    assert isinstance(nac, NAC) and nac.writer.path == "/layer/nac" and net.regualizer().keys() == {"g"}
