@@ -142,7 +142,7 @@ class StableNALU(nn.Module):
         nn.init.xavier_uniform_(self.G_add, gain=nn.init.calculate_gain("sigmoid"))
 
     def regualizer(self):
-        return 0  # nalu_gate='normal'
+        return {}  # nalu_gate='normal': no gate term (their ExtendedTorchModule returns a dict)
 
     def forward(self, x):
         g = torch.sigmoid(F.linear(x, self.G_add))
@@ -162,8 +162,7 @@ class StableNet(nn.Module):
         return self.layer_2(self.layer_1(x))
 
     def regualizer(self):
-        return sum(sum(m.regualizer().values()) if isinstance(m.regualizer(), dict) else m.regualizer()
-                   for m in (self.layer_1, self.layer_2))
+        return sum(sum(m.regualizer().values()) for m in (self.layer_1, self.layer_2))
 
 
 def stable_data(gen, batches=64):
