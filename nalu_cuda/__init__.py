@@ -6,13 +6,15 @@ PyTorch, with fused CPU and CUDA kernels registered as torch custom ops.
     >>> y = layer(torch.rand(128, 100) + 1)       # (128, 2)
 
 Modules: :class:`NAC`, :class:`NACMul`, :class:`NALU`. Functions: :mod:`nalu_cuda.functional`
-(the fused ops) and :mod:`nalu_cuda.reference` (the pure-PyTorch specification).
+(the fused ops) and :mod:`nalu_cuda.reference` (the pure-PyTorch specification). Initialisation
+presets: :mod:`nalu_cuda.init_presets`; other codebases' checkpoints and units: :mod:`nalu_cuda.compat`.
 """
-from . import _ops, functional, reference
+from . import _ops, functional, init_presets, reference
 from .modules import BACKENDS, NAC, NALU, NACMul
+from . import compat  # noqa: E402  (needs the modules)
 
 __version__ = "0.1.0"
-__all__ = ["NAC", "NACMul", "NALU", "BACKENDS", "functional", "reference", "has_extension", "build_info"]
+__all__ = ["NAC", "NACMul", "NALU", "BACKENDS", "functional", "reference", "init_presets", "compat", "has_extension", "build_info"]
 
 
 def has_extension() -> bool:

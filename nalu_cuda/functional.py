@@ -15,10 +15,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _ops
-from .reference import DEFAULT_EPS, GATES
+from . import _ops, reference
+from .reference import DEFAULT_EPS, GATES, NaluParts, _check_gate_bias, _matmul
 
-__all__ = ["nac_weight", "nac", "nac_mul", "nalu"]
+__all__ = ["nac_weight", "nac", "nac_mul", "nalu", "nalu_parts", "NaluParts"]
 
 
 def _ops_or_raise():
@@ -72,6 +72,20 @@ def nac_mul(x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: float = DEFAULT_EPS) -
     return y
 
 
+def _with_gate_bias(x, W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias):
+    """The same layer on ``[x, 1]``: a zero row appended to the path weights (``tanh(0) = 0``, so
+    the ones column adds exactly 0 to ``a`` and to ``log(|x| + eps) W_m``) and ``G_bias`` appended
+    to ``G`` as its row, so that the fused op computes ``sigmoid(x G + G_bias)``. Gradients reach
+    the originals through the concatenations; the appended rows' own gradients are dropped."""
+    x1 = torch.cat([x, x.new_ones(x.shape[:-1] + (1,))], -1)
+
+    def zero_row(w):
+        return None if w is None else torch.cat([w, w.new_zeros(w.shape[:-2] + (1, w.shape[-1]))], -2)
+
+    return (x1, zero_row(W_hat), zero_row(M_hat), zero_row(W_hat_m), zero_row(M_hat_m),
+            torch.cat([G, G_bias.unsqueeze(-2)], -2))
+
+
 def nalu(
     x: Tensor,
     W_hat: Tensor,
@@ -81,12 +95,129 @@ def nalu(
     M_hat_m: Optional[Tensor] = None,
     eps: float = DEFAULT_EPS,
     gate: str = "input",
+    G_bias: Optional[Tensor] = None,
 ) -> Tensor:
-    """NALU: ``y = g a + (1 - g) m``; see :func:`nalu_cuda.reference.nalu`."""
+    """NALU: ``y = g a + (1 - g) m``; see :func:`nalu_cuda.reference.nalu`.
+
+    With ``G_bias`` (input gate only) the fused op runs on ``[x, 1]`` (see ``_with_gate_bias``).
+    """
     if gate not in GATES:
         raise ValueError(f"nalu_cuda.functional.nalu: argument 'gate' must be one of {GATES}, got {gate!r}")
+    if G_bias is not None:
+        _check_gate_bias("functional.nalu", W_hat, G_bias, gate)
+        x, W_hat, M_hat, W_hat_m, M_hat_m, G = _with_gate_bias(x, W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias)
     fast = _fast(x)
     if fast is not None:
         return fast.nalu(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
     y, _a, _m, _g, _lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
     return y
+
+
+def _matmul_vjp(x: Tensor, W: Tensor, dout: Tensor):
+    """For ``out = x W`` (plain or ensemble, as :func:`nalu_cuda.reference._matmul`): ``(dout W^T, x^T dout)``."""
+    dx = _matmul(dout, W.transpose(-1, -2))
+    if W.dim() == 2:
+        dW = x.reshape(-1, x.shape[-1]).t() @ dout.reshape(-1, dout.shape[-1])
+    else:
+        E = W.shape[0]
+        dW = torch.bmm(x.reshape(E, -1, x.shape[-1]).transpose(1, 2), dout.reshape(E, -1, dout.shape[-1]))
+    return dx, dW
+
+
+def _nac_weight_vjp(dW: Tensor, W_hat: Tensor, M_hat: Tensor):
+    """``(dW_hat, dM_hat)`` from ``dW`` through ``W = tanh(W_hat) sigmoid(M_hat)``."""
+    t, s = torch.tanh(W_hat), torch.sigmoid(M_hat)
+    return dW * (1 - t * t) * s, dW * t * s * (1 - s)
+
+
+class _NaluParts(torch.autograd.Function):
+    """The fused NALU op with ``a``, ``m``, ``g`` differentiable outputs.
+
+    Backward: the ``nalu_backward`` op for ``dL/dy``; the gradients that reach ``a``, ``m`` or ``g``
+    directly (a gate regulariser, a loss on a path) add, only when present:
+    ``da``: ``dx += da W^T``, ``dW += x^T da``;  ``dm``: ``du = dm m``, ``dx += (du W_m^T) sign(x) / (|x| + eps)``,
+    ``dW_m += lx^T du``;  ``dg``: ``dz = dg g (1 - g)``, ``dx += dz G^T``, ``dG += x^T dz`` (an
+    independent gate: ``dG += dz``). :func:`nalu`, which returns ``y`` only, never pays for this.
+    """
+
+    @staticmethod
+    def forward(ctx, x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate):
+        y, a, m, g, lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate)
+        ctx.save_for_backward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx)
+        ctx.eps, ctx.input_gate = eps, input_gate
+        ctx.set_materialize_grads(False)
+        return y, a, m, g
+
+    @staticmethod
+    def backward(ctx, dy, da, dm, dg):
+        x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx = ctx.saved_tensors
+        sep = W_hat_m is not None
+        need_x = ctx.needs_input_grad[0]
+        if dy is None:
+            dy = torch.zeros_like(a)
+        gx, gw, gm, gwm, gmm, gG = _ops_or_raise().nalu_backward(
+            dy, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, ctx.eps, ctx.input_gate, need_x)
+        if da is not None or dm is not None or dg is not None:
+            dx = torch.zeros_like(x)
+            dW = torch.zeros_like(W_hat)
+            dWm = torch.zeros_like(W_hat) if sep else dW
+            if da is not None:
+                ddx, ddW = _matmul_vjp(x, reference.nac_weight(W_hat, M_hat), da)
+                dx, dW = dx + ddx, dW + ddW
+                if not sep:
+                    dWm = dW
+            if dm is not None:
+                W_m = reference.nac_weight(W_hat_m, M_hat_m) if sep else reference.nac_weight(W_hat, M_hat)
+                dlx, ddW = _matmul_vjp(lx, W_m, dm * m)
+                dx = dx + dlx * torch.sign(x) / (x.abs() + ctx.eps)
+                if sep:
+                    dWm = dWm + ddW
+                else:
+                    dW = dW + ddW
+            if dg is not None:
+                dz = dg * g * (1 - g)
+                if ctx.input_gate:
+                    ddx, ddG = _matmul_vjp(x, G, dz)
+                    dx, gG = dx + ddx, gG + ddG
+                else:
+                    gG = gG + dz
+            ew, em = _nac_weight_vjp(dW, W_hat, M_hat)
+            gw, gm = gw + ew, gm + em
+            if sep:
+                ew, em = _nac_weight_vjp(dWm, W_hat_m, M_hat_m)
+                gwm, gmm = gwm + ew, gmm + em
+            if need_x:
+                gx = gx + dx
+        return (gx if need_x else None, gw, gm, gwm if sep else None, gmm if sep else None, gG, None, None)
+
+
+def nalu_parts(
+    x: Tensor,
+    W_hat: Tensor,
+    M_hat: Tensor,
+    G: Tensor,
+    W_hat_m: Optional[Tensor] = None,
+    M_hat_m: Optional[Tensor] = None,
+    eps: float = DEFAULT_EPS,
+    gate: str = "input",
+    G_bias: Optional[Tensor] = None,
+):
+    """:func:`nalu` returning ``(y, a, m, g)`` from the one fused forward, all four differentiable
+    (see :func:`nalu_cuda.reference.nalu_parts`; ``g`` has ``G``'s shape for an independent gate)."""
+    if gate not in GATES:
+        raise ValueError(f"nalu_cuda.functional.nalu_parts: argument 'gate' must be one of {GATES}, got {gate!r}")
+    if G_bias is not None:
+        _check_gate_bias("functional.nalu_parts", W_hat, G_bias, gate)
+        x, W_hat, M_hat, W_hat_m, M_hat_m, G = _with_gate_bias(x, W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias)
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        # the ops' autocast policy (csrc/autocast.cpp): float16/bfloat16 arguments cast to float32
+        # once, the op run outside autocast; here before the Function, so that what it saves for
+        # backward has the dtype the ops ran in.
+        def f32(t):
+            return t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t
+
+        x, W_hat, M_hat, W_hat_m, M_hat_m, G = map(f32, (x, W_hat, M_hat, W_hat_m, M_hat_m, G))
+        with torch.autocast(dev, enabled=False):
+            return _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
+    return _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")

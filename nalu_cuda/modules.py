@@ -14,10 +14,9 @@ parameter gains a leading ``E`` and the layer runs ``E`` independent models on `
 
 Parameter names, shapes and ``state_dict`` keys are the same for every backend.
 
-Initialisation (``reset_parameters``), following Madsen & Johansen's stable-nalu:
-``W_hat``, ``M_hat`` (and ``W_hat_m``, ``M_hat_m``) ~ U(-r, r) with
-``r = min(0.5, sqrt(3) * sqrt(2 / (in + out)))``; an input gate ``G`` ~ Glorot uniform,
-U(-sqrt(6 / (in + out)), +sqrt(6 / (in + out))); an input-independent gate ``G = 0`` (g = 1/2).
+Initialisation (``reset_parameters``): the preset named by ``init`` (see
+:mod:`nalu_cuda.init_presets`): ``"stable-nalu"`` (the default), ``"stable-nalu-nac"`` (stable-nalu's
+NAC/NALU draws, in their order) or ``"kaiming"`` (kevinzakka/NALU-pytorch's, in their order).
 Passing ``generator`` (one ``torch.Generator``, or one per ensemble member) makes it reproducible;
 member ``e`` initialised with generator ``g_e`` equals a single layer initialised with ``g_e``.
 """
@@ -30,7 +29,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from . import _ops, functional, reference
+from . import _ops, functional, init_presets, reference
 from .reference import DEFAULT_EPS, GATES
 
 __all__ = ["NAC", "NACMul", "NALU", "BACKENDS"]
@@ -64,7 +63,7 @@ class _ArithmeticLayer(nn.Module):
     """What NAC, NACMul and NALU share: shapes, backend choice, initialisation helpers."""
 
     def __init__(self, in_features: int, out_features: int, ensemble: Optional[int], backend: str,
-                 device=None, dtype=None) -> None:
+                 device=None, dtype=None, init: str = init_presets.DEFAULT) -> None:
         super().__init__()
         name = type(self).__name__
         _check_positive_int(name, "in_features", in_features)
@@ -83,6 +82,7 @@ class _ArithmeticLayer(nn.Module):
         self.out_features = out_features
         self.ensemble = ensemble
         self.backend = backend
+        self.init = init_presets.check_preset(name, init)
         self._factory = {"device": device, "dtype": dtype}
 
     def _param(self, *shape: int) -> nn.Parameter:
@@ -104,10 +104,15 @@ class _ArithmeticLayer(nn.Module):
                              f"generators (one per member), got {len(gens)}")
         return [((e,), g) for e, g in enumerate(gens)]
 
-    @property
-    def nac_bound(self) -> float:
-        std = math.sqrt(2.0 / (self.in_features + self.out_features))
-        return min(0.5, math.sqrt(3.0) * std)
+    def _init_roles(self):
+        """(parameter, role) pairs in draw order, for :func:`nalu_cuda.init_presets.reset`."""
+        return [(self.W_hat, "nac"), (self.M_hat, "nac")]
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: Generators = None) -> None:
+        """Draws the parameters from the preset ``self.init``; see :mod:`nalu_cuda.init_presets`."""
+        init_presets.reset(type(self).__name__, self.init, self._init_roles(), self._members(generator),
+                           self.in_features, self.out_features)
 
     def use_fused(self, x: Tensor) -> bool:
         """Whether a call on ``x`` runs the native ops (constant for a given device and dtype)."""
@@ -129,18 +134,11 @@ class NAC(_ArithmeticLayer):
     """
 
     def __init__(self, in_features: int, out_features: int, *, ensemble: Optional[int] = None,
-                 backend: str = "auto", device=None, dtype=None) -> None:
-        super().__init__(in_features, out_features, ensemble, backend, device, dtype)
+                 backend: str = "auto", device=None, dtype=None, init: str = init_presets.DEFAULT) -> None:
+        super().__init__(in_features, out_features, ensemble, backend, device, dtype, init)
         self.W_hat = self._param(in_features, out_features)
         self.M_hat = self._param(in_features, out_features)
         self.reset_parameters()
-
-    @torch.no_grad()
-    def reset_parameters(self, generator: Generators = None) -> None:
-        r = self.nac_bound
-        for idx, gen in self._members(generator):
-            self.W_hat[idx].uniform_(-r, r, generator=gen)
-            self.M_hat[idx].uniform_(-r, r, generator=gen)
 
     @property
     def W(self) -> Tensor:
@@ -160,8 +158,9 @@ class NACMul(_ArithmeticLayer):
     """Multiplicative NAC (NAC*): ``y = exp(log(|x| + eps) W)``, ``W = tanh(W_hat) * sigmoid(M_hat)``."""
 
     def __init__(self, in_features: int, out_features: int, *, eps: float = DEFAULT_EPS,
-                 ensemble: Optional[int] = None, backend: str = "auto", device=None, dtype=None) -> None:
-        super().__init__(in_features, out_features, ensemble, backend, device, dtype)
+                 ensemble: Optional[int] = None, backend: str = "auto", device=None, dtype=None,
+                 init: str = init_presets.DEFAULT) -> None:
+        super().__init__(in_features, out_features, ensemble, backend, device, dtype, init)
         if not (isinstance(eps, (int, float)) and 0 < eps < math.inf):
             raise ValueError(f"nalu_cuda.NACMul: argument 'eps' must be a positive finite number, got {eps!r}")
         self.eps = float(eps)
@@ -169,7 +168,6 @@ class NACMul(_ArithmeticLayer):
         self.M_hat = self._param(in_features, out_features)
         self.reset_parameters()
 
-    reset_parameters = NAC.reset_parameters
     W = NAC.W
 
     def forward(self, x: Tensor) -> Tensor:
@@ -186,23 +184,35 @@ class NALU(_ArithmeticLayer):
 
     ``a = x W`` and ``m = exp(log(|x| + eps) W_m)`` with ``W = tanh(W_hat) * sigmoid(M_hat)``;
     ``W_m = W`` when ``tied=True`` (the paper), else built from its own ``W_hat_m``, ``M_hat_m``.
-    ``gate="input"``: ``g = sigmoid(x G)``, ``G`` of shape ``(in, out)`` (the paper);
-    ``gate="independent"``: ``g = sigmoid(G)``, ``G`` of shape ``(out,)``.
+    ``gate="input"``: ``g = sigmoid(x G)``, ``G`` of shape ``(in, out)`` (the paper), or
+    ``g = sigmoid(x G + G_bias)`` with ``gate_bias=True`` (stable-nalu's ``nalu_bias``; ``G_bias`` of
+    shape ``(out,)``, initialised to 0); ``gate="independent"``: ``g = sigmoid(G)``, ``G`` of shape ``(out,)``.
+
+    ``keep_parts=True`` keeps the gate and both paths of the last call in ``self.parts``
+    (:class:`nalu_cuda.functional.NaluParts`: ``a``, ``m``, ``g``), from the same forward and in the
+    autograd graph, so that a gate regulariser (``(parts.g * (1 - parts.g)).sum()``) trains ``G``.
     """
 
     def __init__(self, in_features: int, out_features: int, *, eps: float = DEFAULT_EPS, tied: bool = True,
-                 gate: str = "input", ensemble: Optional[int] = None, backend: str = "auto",
-                 device=None, dtype=None) -> None:
-        super().__init__(in_features, out_features, ensemble, backend, device, dtype)
+                 gate: str = "input", gate_bias: bool = False, keep_parts: bool = False,
+                 ensemble: Optional[int] = None, backend: str = "auto", device=None, dtype=None,
+                 init: str = init_presets.DEFAULT) -> None:
+        super().__init__(in_features, out_features, ensemble, backend, device, dtype, init)
         if not (isinstance(eps, (int, float)) and 0 < eps < math.inf):
             raise ValueError(f"nalu_cuda.NALU: argument 'eps' must be a positive finite number, got {eps!r}")
         if gate not in GATES:
             raise ValueError(f"nalu_cuda.NALU: argument 'gate' must be one of {GATES}, got {gate!r}")
-        if not isinstance(tied, bool):
-            raise ValueError(f"nalu_cuda.NALU: argument 'tied' must be a bool, got {tied!r}")
+        for name, flag in (("tied", tied), ("gate_bias", gate_bias), ("keep_parts", keep_parts)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"nalu_cuda.NALU: argument '{name}' must be a bool, got {flag!r}")
+        if gate_bias and gate != "input":
+            raise ValueError("nalu_cuda.NALU: argument 'gate_bias' needs gate='input' (an input-independent "
+                             f"gate sigmoid(G) is its own bias), got gate={gate!r}")
         self.eps = float(eps)
         self.tied = tied
         self.gate = gate
+        self.keep_parts = keep_parts
+        self.parts: Optional[functional.NaluParts] = None
         self.W_hat = self._param(in_features, out_features)
         self.M_hat = self._param(in_features, out_features)
         if tied:
@@ -212,22 +222,21 @@ class NALU(_ArithmeticLayer):
             self.W_hat_m = self._param(in_features, out_features)
             self.M_hat_m = self._param(in_features, out_features)
         self.G = self._param(in_features, out_features) if gate == "input" else self._param(out_features)
+        self.G_bias = self._param(out_features) if gate_bias else None
         self.reset_parameters()
 
-    @torch.no_grad()
-    def reset_parameters(self, generator: Generators = None) -> None:
-        r = self.nac_bound
-        gate_bound = math.sqrt(6.0 / (self.in_features + self.out_features))
-        for idx, gen in self._members(generator):
-            self.W_hat[idx].uniform_(-r, r, generator=gen)
-            self.M_hat[idx].uniform_(-r, r, generator=gen)
-            if not self.tied:
-                self.W_hat_m[idx].uniform_(-r, r, generator=gen)
-                self.M_hat_m[idx].uniform_(-r, r, generator=gen)
-            if self.gate == "input":
-                self.G[idx].uniform_(-gate_bound, gate_bound, generator=gen)
-            else:
-                self.G[idx].zero_()
+    @property
+    def gate_bias(self) -> bool:
+        return self.G_bias is not None
+
+    def _init_roles(self):
+        roles = [(self.W_hat, "nac"), (self.M_hat, "nac")]
+        if not self.tied:
+            roles += [(self.W_hat_m, "nac"), (self.M_hat_m, "nac")]
+        roles.append((self.G, "gate" if self.gate == "input" else "gate_independent"))
+        if self.G_bias is not None:
+            roles.append((self.G_bias, "gate_bias"))
+        return roles
 
     @property
     def W(self) -> Tensor:
@@ -240,9 +249,19 @@ class NALU(_ArithmeticLayer):
         return self.W if self.tied else reference.nac_weight(self.W_hat_m, self.M_hat_m)
 
     def forward(self, x: Tensor) -> Tensor:
-        fn = functional.nalu if self.use_fused(x) else reference.nalu
-        return fn(x, self.W_hat, self.M_hat, self.G, self.W_hat_m, self.M_hat_m, self.eps, self.gate)
+        fused = self.use_fused(x)
+        if self.keep_parts:
+            fn = functional.nalu_parts if fused else reference.nalu_parts
+            y, a, m, g = fn(x, self.W_hat, self.M_hat, self.G, self.W_hat_m, self.M_hat_m, self.eps, self.gate,
+                            G_bias=self.G_bias)
+            self.parts = functional.NaluParts(a, m, g)
+            return y
+        fn = functional.nalu if fused else reference.nalu
+        return fn(x, self.W_hat, self.M_hat, self.G, self.W_hat_m, self.M_hat_m, self.eps, self.gate,
+                  G_bias=self.G_bias)
 
     def extra_repr(self) -> str:
-        return (f"{self._base_repr()}, eps={self.eps}, tied={self.tied}, gate={self.gate!r}, "
+        extra = (", gate_bias=True" if self.gate_bias else "") + (", keep_parts=True" if self.keep_parts else "")
+        init = "" if self.init == init_presets.DEFAULT else f", init={self.init!r}"
+        return (f"{self._base_repr()}, eps={self.eps}, tied={self.tied}, gate={self.gate!r}{extra}{init}, "
                 f"backend={self.backend!r}")

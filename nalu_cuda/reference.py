@@ -15,18 +15,19 @@ Conventions
   through the multiplicative path.
 * Gates: ``gate="input"`` is the paper's ``g = sigmoid(x G)`` with ``G`` shaped like ``W``;
   ``gate="independent"`` is ``g = sigmoid(G)`` with ``G`` of shape ``(O,)`` (``(E, O)`` for an
-  ensemble), the same for every input.
+  ensemble), the same for every input. An input gate may have a bias ``G_bias`` of shape ``(O,)``
+  (``(E, O)``): ``g = sigmoid(x G + G_bias)`` (stable-nalu's ``nalu_bias``).
 * ``W_hat_m`` / ``M_hat_m``: separate weights of the multiplicative path. ``None`` ties the two
   paths to one ``W``, as in the paper.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
-__all__ = ["DEFAULT_EPS", "nac_weight", "log_abs", "nac", "nac_mul", "nalu", "GATES"]
+__all__ = ["DEFAULT_EPS", "nac_weight", "log_abs", "nac", "nac_mul", "nalu", "nalu_parts", "NaluParts", "GATES"]
 
 DEFAULT_EPS = 1e-7
 GATES = ("input", "independent")
@@ -64,6 +65,61 @@ def nac_mul(x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: float = DEFAULT_EPS) -
     return torch.exp(_matmul(log_abs(x, eps), nac_weight(W_hat, M_hat)))
 
 
+class NaluParts(NamedTuple):
+    """The intermediates of one NALU call: additive path ``a``, multiplicative path ``m``, gate ``g``
+    (``g`` has the shape of ``y`` for an input gate, of ``G`` for an independent one)."""
+
+    a: Tensor
+    m: Tensor
+    g: Tensor
+
+
+def _check_gate_bias(fn: str, W_hat: Tensor, G_bias: Optional[Tensor], gate: str) -> None:
+    if G_bias is None:
+        return
+    if gate != "input":
+        raise ValueError(f"nalu_cuda.{fn}: argument 'G_bias' needs gate='input', got gate={gate!r}")
+    want = tuple(W_hat.shape[:-2]) + (W_hat.shape[-1],)
+    if tuple(G_bias.shape) != want:
+        raise ValueError(f"nalu_cuda.{fn}: argument 'G_bias' must have shape {list(want)} (the outputs, per member), "
+                         f"got {list(G_bias.shape)}")
+
+
+def nalu_parts(
+    x: Tensor,
+    W_hat: Tensor,
+    M_hat: Tensor,
+    G: Tensor,
+    W_hat_m: Optional[Tensor] = None,
+    M_hat_m: Optional[Tensor] = None,
+    eps: float = DEFAULT_EPS,
+    gate: str = "input",
+    G_bias: Optional[Tensor] = None,
+):
+    """:func:`nalu` returning ``(y, a, m, g)``: the output and its :class:`NaluParts`."""
+    if gate not in GATES:
+        raise ValueError(f"nalu_cuda.reference.nalu: argument 'gate' must be one of {GATES}, got {gate!r}")
+    if (W_hat_m is None) != (M_hat_m is None):
+        raise ValueError("nalu_cuda.reference.nalu: give both 'W_hat_m' and 'M_hat_m' (separate weights) or neither")
+    _check_gate_bias("reference.nalu", W_hat, G_bias, gate)
+    W = nac_weight(W_hat, M_hat)
+    W_m = W if W_hat_m is None else nac_weight(W_hat_m, M_hat_m)
+    a = _matmul(x, W)
+    m = torch.exp(_matmul(log_abs(x, eps), W_m))
+    if gate == "input":
+        z = _matmul(x, G)
+        if G_bias is not None:  # (O,) or (E, O) -> against z of shape (..., O) or (E, ..., O)
+            z = z + (G_bias if G_bias.dim() == 1 else G_bias.reshape(G_bias.shape[0], *([1] * (x.dim() - 2)), -1))
+        g = torch.sigmoid(z)
+        g_b = g
+    else:
+        g = torch.sigmoid(G)
+        g_b = g
+        if W_hat.dim() == 3:  # (E, O) -> (E, 1, ..., 1, O) against y of shape (E, ..., O)
+            g_b = g.reshape(g.shape[0], *([1] * (x.dim() - 2)), g.shape[-1])
+    return g_b * a + (1 - g_b) * m, a, m, g
+
+
 def nalu(
     x: Tensor,
     W_hat: Tensor,
@@ -73,24 +129,12 @@ def nalu(
     M_hat_m: Optional[Tensor] = None,
     eps: float = DEFAULT_EPS,
     gate: str = "input",
+    G_bias: Optional[Tensor] = None,
 ) -> Tensor:
     """NALU: ``y = g a + (1 - g) m`` with ``a = x W``, ``m = exp(log(|x| + eps) W_m)``.
 
-    ``W_m`` is ``W`` unless ``W_hat_m`` and ``M_hat_m`` are given. ``g = sigmoid(x G)`` for
-    ``gate="input"``, ``g = sigmoid(G)`` broadcast over the batch for ``gate="independent"``.
+    ``W_m`` is ``W`` unless ``W_hat_m`` and ``M_hat_m`` are given. ``g = sigmoid(x G)`` (plus
+    ``G_bias`` when given) for ``gate="input"``, ``g = sigmoid(G)`` broadcast over the batch for
+    ``gate="independent"``.
     """
-    if gate not in GATES:
-        raise ValueError(f"nalu_cuda.reference.nalu: argument 'gate' must be one of {GATES}, got {gate!r}")
-    if (W_hat_m is None) != (M_hat_m is None):
-        raise ValueError("nalu_cuda.reference.nalu: give both 'W_hat_m' and 'M_hat_m' (separate weights) or neither")
-    W = nac_weight(W_hat, M_hat)
-    W_m = W if W_hat_m is None else nac_weight(W_hat_m, M_hat_m)
-    a = _matmul(x, W)
-    m = torch.exp(_matmul(log_abs(x, eps), W_m))
-    if gate == "input":
-        g = torch.sigmoid(_matmul(x, G))
-    else:
-        g = torch.sigmoid(G)
-        if W_hat.dim() == 3:  # (E, O) -> (E, 1, ..., 1, O) against y of shape (E, ..., O)
-            g = g.reshape(g.shape[0], *([1] * (x.dim() - 2)), g.shape[-1])
-    return g * a + (1 - g) * m
+    return nalu_parts(x, W_hat, M_hat, G, W_hat_m, M_hat_m, eps, gate, G_bias)[0]
