@@ -214,6 +214,47 @@ def _register_fakes() -> None:
         )
 
 
+def _matmul_flops(x_shape, W_shape) -> int:
+    """Flops of x W (2 per multiply-add), as torch.utils.flop_counter counts the reference's mm/bmm:
+    every row of x (ensemble members included) times an (I, O) matrix."""
+    rows = 1
+    for d in x_shape[:-1]:
+        rows *= d
+    return 2 * rows * W_shape[-2] * W_shape[-1]
+
+
+def _register_flop_formulas() -> None:
+    """torch.utils.flop_counter formulas: the matrix products of each op, the same count that
+    FlopCounterMode gives the reference (elementwise work counts 0 there, and here).
+    Forward: one product per path (a = x W, u = lx W_m, z = x G). Backward: per product, the
+    weight gradient, and the input gradient when compute_grad_x."""
+    from torch.utils.flop_counter import register_flop_formula
+
+    @register_flop_formula(ops.nac_forward)
+    def _(x, W_hat, M_hat, *args, out_shape=None, **kwargs):
+        return _matmul_flops(x, W_hat)
+
+    @register_flop_formula(ops.nac_mul_forward)
+    def _(x, W_hat, M_hat, eps, *args, out_shape=None, **kwargs):
+        return _matmul_flops(x, W_hat)
+
+    @register_flop_formula(ops.nalu_forward)
+    def _(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, *args, out_shape=None, **kwargs):
+        return (3 if input_gate else 2) * _matmul_flops(x, W_hat)
+
+    @register_flop_formula([ops.nac_backward, ops.nac_mul_backward])
+    def _(grad_y, x, W_hat, *args, out_shape=None, **kwargs):
+        compute_grad_x = args[-1] if args else kwargs["compute_grad_x"]
+        return (2 if compute_grad_x else 1) * _matmul_flops(x, W_hat)
+
+    @register_flop_formula(ops.nalu_backward)
+    def _(grad_y, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, eps, input_gate, compute_grad_x,
+          *args, out_shape=None, **kwargs):
+        products = 3 if input_gate else 2
+        return products * (2 if compute_grad_x else 1) * _matmul_flops(x, W_hat)
+
+
 if ops is not None:
     _register_fakes()
+    _register_flop_formulas()
 

@@ -23,6 +23,7 @@ member ``e`` initialised with generator ``g_e`` equals a single layer initialise
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from typing import Optional, Sequence, Union
 
@@ -50,6 +51,13 @@ def _warn_fallback_once() -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+def _check_eps(cls: str, eps) -> float:
+    """eps as a float: any real number type (float, int, numpy scalars), positive and finite."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < float(eps) < math.inf:
+        raise ValueError(f"nalu_cuda.{cls}: argument 'eps' must be a positive finite number, got {eps!r}")
+    return float(eps)
 
 
 def _check_positive_int(cls: str, name: str, value, allow_none: bool = False) -> None:
@@ -122,6 +130,30 @@ class _ArithmeticLayer(nn.Module):
             return True
         return (x.device.type, x.dtype) in _ops.KERNEL_DTYPES
 
+    def _check_input(self, x: Tensor) -> None:
+        """x must be a floating-point tensor of the parameters' dtype; under autocast any floating
+        dtype (autocast casts both sides). Checked here, not left to the matmul, so that the error
+        names the layer and the argument on every backend."""
+        dtype = self.W_hat.dtype
+        if x.dtype == dtype:
+            return
+        name = type(self).__name__
+        if not x.dtype.is_floating_point:
+            raise ValueError(f"nalu_cuda.{name}: argument 'x' must be a floating-point tensor, got dtype {x.dtype}")
+        if not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(
+                f"nalu_cuda.{name}: argument 'x' must have the dtype of the layer's parameters ({dtype}), got "
+                f"{x.dtype}; convert one of them (layer.to({x.dtype}) or x.to({dtype})) or run under torch.autocast"
+            )
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this before compiling a module: fail with a clear message rather
+        # than on the first Python construct TorchScript lacks.
+        raise RuntimeError(
+            f"nalu_cuda.{type(self).__name__}: torch.jit.script is not supported (the layer chooses between "
+            "the fused ops and the reference in Python, and TorchScript is deprecated); use torch.compile or torch.export"
+        )
+
     def _base_repr(self) -> str:
         ens = "" if self.ensemble is None else f", ensemble={self.ensemble}"
         return f"in_features={self.in_features}, out_features={self.out_features}{ens}"
@@ -146,6 +178,7 @@ class NAC(_ArithmeticLayer):
         return reference.nac_weight(self.W_hat, self.M_hat)
 
     def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
         if self.use_fused(x):
             return functional.nac(x, self.W_hat, self.M_hat)
         return reference.nac(x, self.W_hat, self.M_hat)
@@ -161,9 +194,7 @@ class NACMul(_ArithmeticLayer):
                  ensemble: Optional[int] = None, backend: str = "auto", device=None, dtype=None,
                  init: str = init_presets.DEFAULT) -> None:
         super().__init__(in_features, out_features, ensemble, backend, device, dtype, init)
-        if not (isinstance(eps, (int, float)) and 0 < eps < math.inf):
-            raise ValueError(f"nalu_cuda.NACMul: argument 'eps' must be a positive finite number, got {eps!r}")
-        self.eps = float(eps)
+        self.eps = _check_eps("NACMul", eps)
         self.W_hat = self._param(in_features, out_features)
         self.M_hat = self._param(in_features, out_features)
         self.reset_parameters()
@@ -171,6 +202,7 @@ class NACMul(_ArithmeticLayer):
     W = NAC.W
 
     def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
         if self.use_fused(x):
             return functional.nac_mul(x, self.W_hat, self.M_hat, self.eps)
         return reference.nac_mul(x, self.W_hat, self.M_hat, self.eps)
@@ -198,8 +230,6 @@ class NALU(_ArithmeticLayer):
                  ensemble: Optional[int] = None, backend: str = "auto", device=None, dtype=None,
                  init: str = init_presets.DEFAULT) -> None:
         super().__init__(in_features, out_features, ensemble, backend, device, dtype, init)
-        if not (isinstance(eps, (int, float)) and 0 < eps < math.inf):
-            raise ValueError(f"nalu_cuda.NALU: argument 'eps' must be a positive finite number, got {eps!r}")
         if gate not in GATES:
             raise ValueError(f"nalu_cuda.NALU: argument 'gate' must be one of {GATES}, got {gate!r}")
         for name, flag in (("tied", tied), ("gate_bias", gate_bias), ("keep_parts", keep_parts)):
@@ -208,7 +238,7 @@ class NALU(_ArithmeticLayer):
         if gate_bias and gate != "input":
             raise ValueError("nalu_cuda.NALU: argument 'gate_bias' needs gate='input' (an input-independent "
                              f"gate sigmoid(G) is its own bias), got gate={gate!r}")
-        self.eps = float(eps)
+        self.eps = _check_eps("NALU", eps)
         self.tied = tied
         self.gate = gate
         self.keep_parts = keep_parts
@@ -249,6 +279,7 @@ class NALU(_ArithmeticLayer):
         return self.W if self.tied else reference.nac_weight(self.W_hat_m, self.M_hat_m)
 
     def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
         fused = self.use_fused(x)
         if self.keep_parts:
             fn = functional.nalu_parts if fused else reference.nalu_parts

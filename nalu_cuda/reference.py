@@ -39,8 +39,12 @@ def nac_weight(W_hat: Tensor, M_hat: Tensor) -> Tensor:
 
 
 def log_abs(x: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
-    """``log(|x| + eps)``."""
-    return torch.log(torch.abs(x) + eps)
+    """``log(|x| + eps)``, whose gradient is ``sign(x) / (|x| + eps)`` with ``sign(0) = 0``.
+
+    A zero x takes the constant branch of the ``where``, so its gradient is exactly 0; through
+    ``abs`` it would be ``sign(0) * (upstream / eps)``, which is 0 * inf = NaN once the quotient
+    overflows (a subnormal eps, or a large upstream gradient)."""
+    return torch.log(torch.where(x == 0, eps, torch.abs(x) + eps))
 
 
 def _matmul(x: Tensor, W: Tensor) -> Tensor:

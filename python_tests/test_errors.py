@@ -119,3 +119,60 @@ def test_mixed_devices_are_rejected():
         ops.nac_forward(x, W, M)
     with pytest.raises(RuntimeError, match=r"argument 'G' must be on the device of 'x' \(cpu\), got meta"):
         ops.nalu_forward(x, p(3, 2), p(3, 2), None, None, p(3, 2).to("meta"), 1e-7, True)
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "fused"])
+@pytest.mark.parametrize("layer", ["NAC", "NACMul", "NALU"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32],
+                         ids=["f16", "bf16", "f64", "i64", "i32"])
+def test_input_dtype_other_than_the_parameters_is_named(dtype, layer, backend):
+    module = getattr(nalu_cuda, layer)(3, 2, backend=backend)  # float32 parameters
+    x = torch.ones(4, 3, dtype=dtype)
+    if dtype.is_floating_point:
+        pattern = (rf"nalu_cuda.{layer}: argument 'x' must have the dtype of the layer's parameters "
+                   rf"\(torch.float32\), got {dtype}")
+    else:
+        pattern = rf"nalu_cuda.{layer}: argument 'x' must be a floating-point tensor, got dtype {dtype}"
+    with pytest.raises(ValueError, match=pattern):
+        module(x)
+
+
+def test_autocast_still_takes_low_precision_inputs():
+    x = rand_input((4, 3)).bfloat16()
+    for layer in ("NAC", "NACMul", "NALU"):
+        module = getattr(nalu_cuda, layer)(3, 2)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = module(x)
+        assert y.shape == (4, 2) and torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("layer", ["NACMul", "NALU"])
+def test_eps_of_any_real_number_type(layer):
+    np = pytest.importorskip("numpy")
+    x = x_(4, 3)
+    want = getattr(nalu_cuda, layer)(3, 2, eps=1e-7)
+    for eps in (np.float32(1e-7), np.float64(1e-7), 1e-7):
+        got = getattr(nalu_cuda, layer)(3, 2, eps=eps)
+        got.load_state_dict(want.state_dict())
+        assert isinstance(got.eps, float) and got.eps == float(eps)
+        torch.testing.assert_close(got(x), want(x), rtol=1e-6, atol=1e-6)
+    assert getattr(nalu_cuda, layer)(3, 2, eps=1).eps == 1.0
+    for bad in (True, np.bool_(True), float("inf"), float("nan"), -1e-7, np.float32("nan"), "1e-7", None):
+        with pytest.raises(ValueError, match=rf"nalu_cuda.{layer}: argument 'eps' must be a positive finite number"):
+            getattr(nalu_cuda, layer)(3, 2, eps=bad)
+
+
+@pytest.mark.parametrize("layer", ["NAC", "NACMul", "NALU"])
+def test_torch_jit_script_gives_a_clear_error(layer):
+    module = getattr(nalu_cuda, layer)(3, 2)
+    message = rf"nalu_cuda.{layer}: torch.jit.script is not supported .* use torch.compile or torch.export"
+    with pytest.raises(RuntimeError, match=message):
+        torch.jit.script(module)
+    with pytest.raises(RuntimeError, match=message):  # inside a container too
+        torch.jit.script(torch.nn.Sequential(torch.nn.Identity(), module))
+    # the alternatives the message names work
+    x = x_(4, 3)
+    traced = torch.jit.trace(module, (x,))
+    torch.testing.assert_close(traced(x), module(x))
+    exported = torch.export.export(module, (x,))
+    torch.testing.assert_close(exported.module()(x), module(x))

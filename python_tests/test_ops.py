@@ -403,3 +403,42 @@ def test_torch_function_modes_and_subclasses_see_the_ops():
         y = F.nalu(x, W, M, G)
     assert any("nalu_forward" in s for s in seen), seen
     torch.testing.assert_close(y, R.nalu(x, W, M, G))
+
+
+@pytest.mark.parametrize("unit", ["nac_mul", "nalu_sep"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("eps", [1e-7, "subnormal"])
+def test_reference_zero_input_gradient_is_finite_for_any_eps(eps, dtype, unit):
+    # d log(|x| + eps) / dx at x = 0 is sign(0) / eps = 0, also when 1 / eps overflows.
+    if eps == "subnormal":
+        eps = torch.finfo(dtype).tiny / 4
+    args, kwargs = make_args(unit, None, (5,), 4, 3, dtype, "cpu")
+    args[0][0, 1] = 0.0
+    args[0][3, 2] = -0.0
+    kwargs["eps"] = eps
+    y_ref, y_fused, a, b = run_both(unit, args, kwargs)
+    assert torch.isfinite(a[0].grad).all()
+    if unit == "nac_mul":
+        assert a[0].grad[0, 1] == 0 and a[0].grad[3, 2] == 0
+    rtol, atol = tolerances(dtype, 4, grad=True)
+    torch.testing.assert_close(y_fused, y_ref, rtol=rtol, atol=atol)
+    for p, q in zip(a, b):
+        torch.testing.assert_close(q.grad, p.grad, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("x_grad", [True, False], ids=["x-grad", "no-x-grad"])
+@pytest.mark.parametrize("unit", list(UNITS))
+def test_flop_counter_counts_what_the_reference_counts(unit, x_grad):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counts = []
+    for fn in UNITS[unit][:2]:
+        for shape in [(None, (6, 2), 5, 3), (3, (4,), 5, 20)]:
+            args, kwargs = make_args(unit, *shape, torch.float64, "cpu")
+            args = [t.requires_grad_(x_grad or i > 0) for i, t in enumerate(args)]
+            with FlopCounterMode(display=False) as mode:
+                fn(*args, **kwargs).sum().backward()
+            counts.append(mode.get_total_flops())
+    half = len(counts) // 2
+    assert counts[half:] == counts[:half]
+    assert all(c > 0 for c in counts)
