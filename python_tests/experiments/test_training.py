@@ -5,11 +5,11 @@ import pytest
 import torch
 
 import nalu_cuda
-from nalu_cuda.experiments import arithmetic as ar
-from nalu_cuda.experiments.ensemble import build_recurrent_model, build_static_model, member_generators
+from nalu_cuda.experiments.parts import arithmetic_data as ar
+from nalu_cuda.experiments.parts.arithmetic_models import build_recurrent_model, build_static_model, member_generators
 from nalu_cuda.experiments.registry import Context
-from nalu_cuda.experiments.static import run_static, static_config
-from nalu_cuda.experiments.training import EvalSet, train_ensemble
+from nalu_cuda.experiments.tasks.static import run as run_static, static_config
+from nalu_cuda.experiments.parts.training import EvalSet, train_ensemble
 
 CTX = Context(device="cpu", work_dir=".", progress=False)
 SMALL = dict(eval_every=50, n_valid=300, n_test=300, baseline_models=5, threshold_samples=5_000)
