@@ -68,7 +68,8 @@ def run_setting(config: Config, ctx: Context) -> Tuple[torch.device, torch.dtype
     return resolve_device(ctx), getattr(torch, ctx.dtype or "float32"), resolve_backend(config), seed_list(config)
 
 
-def profile_entry(experiment: str, profiles: Dict[str, Dict[str, Any]], profile: str) -> Tuple[int, int, Dict[str, Any]]:
+def profile_entry(experiment: str, profiles: Dict[str, Dict[str, Any]],
+                  profile: str) -> Tuple[int, int, Dict[str, Any]]:
     """``(seeds, steps, params)`` of ``profile`` in a task's table of profiles (a clear error for an
     unknown one)."""
     if profile not in profiles:

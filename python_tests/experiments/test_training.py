@@ -118,12 +118,12 @@ needs_fused_adam = pytest.mark.skipif(_fused_adam is None, reason="native extens
 
 
 def _adam_pair(E, dtype, fused: bool, lr=1e-2):
-    from nalu_cuda.experiments import training
+    from nalu_cuda.experiments.parts import optim
 
     torch.manual_seed(3)
     shapes = [(E, 7, 3), (E, 2), (E,), (E, 37)]  # member runs of 21, 2, 1 and 37 (vector body + remainder)
     params = [torch.randn(s, dtype=dtype).requires_grad_() for s in shapes]
-    opt = training.FlatAdam(params, lr=lr)
+    opt = optim.FlatAdam(params, lr=lr)
     if not fused:
         opt._native_step = lambda E: None
     return params, opt

@@ -50,6 +50,7 @@ __all__ = [
     "recurrent_mse_threshold",
     "PUBLISHED_THRESHOLDS",
     "EPS_PERFECT",
+    "normalised_error",
     "seed_for",
 ]
 
@@ -268,6 +269,14 @@ def subset_layout(seed: int, input_size: int, subset_ratio: float = 0.25, overla
 # ------------------------------------------------------------------------------------------------
 # Thresholds of the success criterion
 # ------------------------------------------------------------------------------------------------
+
+
+def normalised_error(mse: float, base: float) -> Optional[float]:
+    """The paper's normalised error: ``100 * mse / base``, with ``base`` the mean MSE of randomly
+    initialised models of the same architecture (100 = random, 0 = perfect); None where undefined."""
+    if not (math.isfinite(mse) and base and math.isfinite(base) and base > 0):
+        return None
+    return 100.0 * mse / base
 
 
 def _mc_chunks(samples: int, chunk: int):

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 import nalu_cuda
 
-from .layers import EnsembleLinear, GatedCell, Generators, _lead
+from .layers import EnsembleLinear, GatedCell, Generators, lead_shape
 from .seeding import member_generators  # noqa: F401  (re-exported: the tasks' one seeding function)
 
 __all__ = [
@@ -75,7 +75,7 @@ class Activation(nn.Module):
         if name not in ACTIVATIONS:
             raise ValueError(f"unknown activation {name!r}; choose from {', '.join(ACTIVATIONS)}")
         self.name, self.ensemble = name, ensemble
-        self.slope = nn.Parameter(torch.full(_lead(ensemble) or (1,), 0.25)) if name == "prelu" else None
+        self.slope = nn.Parameter(torch.full(lead_shape(ensemble) or (1,), 0.25)) if name == "prelu" else None
 
     @torch.no_grad()
     def reset_parameters(self, generator: Generators = None) -> None:
@@ -279,7 +279,7 @@ class RecurrentNet(nn.Module):
         self.model = check_model(model, RECURRENT_MODELS)
         self.ensemble, self.hidden = ensemble, hidden
         n_states = 2 if self.model == "lstm" else 1
-        self.h0 = nn.Parameter(torch.zeros(*_lead(ensemble), n_states, hidden))
+        self.h0 = nn.Parameter(torch.zeros(*lead_shape(ensemble), n_states, hidden))
         if self.model in ("lstm", "gru"):
             self.cell = StepCell(self.model, input_size, hidden, ensemble)
             self.out = EnsembleLinear(hidden, 1, ensemble=ensemble)

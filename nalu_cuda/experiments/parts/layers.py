@@ -24,13 +24,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Generators", "EnsembleLinear", "EnsembleEmbedding", "EnsembleCNN", "GatedCell", "ensemble_gather"]
+__all__ = ["Generators", "member_slices", "lead_shape", "EnsembleLinear", "EnsembleEmbedding", "EnsembleCNN", "GatedCell",
+           "ensemble_gather"]
 
 Generators = Union[None, torch.Generator, Sequence[torch.Generator]]
 
 
-def _per_member(ensemble: Optional[int], generator: Generators):
-    """[(index, generator)] as in nalu_cuda's layers: index () for a plain module."""
+def member_slices(ensemble: Optional[int], generator: Generators):
+    """``[(index, generator)]``, one per member, as in nalu_cuda's layers: index ``()`` for a plain
+    module; one generator (or None) serves every member in turn."""
     if ensemble is None:
         if isinstance(generator, (list, tuple)):
             if len(generator) != 1:
@@ -45,7 +47,8 @@ def _per_member(ensemble: Optional[int], generator: Generators):
     return [((e,), g) for e, g in enumerate(gens)]
 
 
-def _lead(ensemble: Optional[int]):
+def lead_shape(ensemble: Optional[int]) -> Tuple[int, ...]:
+    """The leading shape of a parameter: ``()`` for a plain module, ``(E,)`` for an ensemble."""
     return () if ensemble is None else (ensemble,)
 
 
@@ -65,14 +68,14 @@ class EnsembleLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, *, bias: bool = True, ensemble: Optional[int] = None):
         super().__init__()
         self.in_features, self.out_features, self.ensemble = in_features, out_features, ensemble
-        self.weight = nn.Parameter(torch.empty(*_lead(ensemble), in_features, out_features))
-        self.bias = nn.Parameter(torch.empty(*_lead(ensemble), out_features)) if bias else None
+        self.weight = nn.Parameter(torch.empty(*lead_shape(ensemble), in_features, out_features))
+        self.bias = nn.Parameter(torch.empty(*lead_shape(ensemble), out_features)) if bias else None
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self, generator: Generators = None) -> None:
         bound = 1.0 / math.sqrt(self.in_features)  # kaiming_uniform(a=sqrt(5)), as nn.Linear
-        for idx, g in _per_member(self.ensemble, generator):
+        for idx, g in member_slices(self.ensemble, generator):
             self.weight[idx].uniform_(-bound, bound, generator=g)
             if self.bias is not None:
                 self.bias[idx].uniform_(-bound, bound, generator=g)
@@ -104,7 +107,7 @@ class EnsembleEmbedding(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: Generators = None) -> None:
-        for idx, g in _per_member(self.ensemble, generator):
+        for idx, g in member_slices(self.ensemble, generator):
             self.weight[idx].copy_(torch.randn(self.weight[idx].shape, generator=g))
 
     def forward(self, tokens: Tensor) -> Tensor:
@@ -146,7 +149,7 @@ class EnsembleCNN(nn.Module):
             w = conv.weight.view(E, -1, *conv.weight.shape[1:])
             b = conv.bias.view(E, -1)
             for t in (w, b):
-                for idx, g in _per_member(E, generator):
+                for idx, g in member_slices(E, generator):
                     t[idx].uniform_(-bound, bound, generator=g)
         for lin in (self.hidden_layer, self.head):
             if lin is not None:
@@ -190,6 +193,6 @@ class GatedCell(nn.Module):
         bound = 1.0 / math.sqrt(self.hidden_size)
         params = dict(self.named_parameters())
         tensors = [params[name] for name in self.INIT_ORDER if name in params]
-        for idx, g in _per_member(self.ensemble, generator):
+        for idx, g in member_slices(self.ensemble, generator):
             for t in tensors:
                 t[idx].uniform_(-bound, bound, generator=g)

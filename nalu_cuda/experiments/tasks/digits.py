@@ -526,4 +526,5 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
 
 
 EXPERIMENT = register_task(__name__, name=NAME, order=50, summarize=interval_summary,
-                           help="digit counting and addition over image sequences (Table 2): recurrent NAC/NALU vs LSTM/GRU")
+                           help="digit counting and addition over image sequences (Table 2): "
+                                "recurrent NAC/NALU vs LSTM/GRU")

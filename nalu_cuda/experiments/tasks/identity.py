@@ -274,4 +274,5 @@ def _plot_fig1(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]:
 
 
 EXPERIMENT = register_task(__name__, name="identity", order=10,
-                           help="identity function: MLPs with many nonlinearities vs NAC/NALU on y = x (Fig. 1, Table 5)")
+                           help="identity function: MLPs with many nonlinearities vs NAC/NALU on y = x "
+                                "(Fig. 1, Table 5)")

@@ -380,4 +380,5 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
 
 
 EXPERIMENT = register_task(__name__, name=NAME, order=70, summarize=interval_summary,
-                           help="program evaluation (Fig. 4): LSTM, UGRNN and LSTM+NALU read code character by character")
+                           help="program evaluation (Fig. 4): "
+                                "LSTM, UGRNN and LSTM+NALU read code character by character")

@@ -164,19 +164,14 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
             "solved_at": int(res.solved_at[k]) if int(res.solved_at[k]) >= 0 else None,
             "best_step": int(res.best_step[k]), "valid_mse": float(res.best_val[k]),
             "interp_mse": im, "extrap_mse": xm,
-            "interp_error": _norm(im, base[op][0]), "extrap_error": _norm(xm, base[op][1]),
+            "interp_error": ar.normalised_error(im, base[op][0]),
+            "extrap_error": ar.normalised_error(xm, base[op][1]),
             "sparsity_error": None if sparsity is None else float(sparsity[k]),
             "threshold": thresholds[op], "final_train_loss": float(res.final_loss[k]),
         })
     extra = {"thresholds": thresholds, "baseline_mse": {op: {"interp": base[op][0], "extrap": base[op][1]} for op in ops},
              "length_curve": curve, "train_wall_s": res.wall_s}
     return RunOutput(records, extra)
-
-
-def _norm(mse: float, base: float) -> Optional[float]:
-    if not (math.isfinite(mse) and base and math.isfinite(base) and base > 0):
-        return None
-    return 100.0 * mse / base
 
 
 BASELINE_ROWS = 200
@@ -339,4 +334,5 @@ def _plot_lengths(results, out_dir) -> Optional[str]:
 
 
 EXPERIMENT = register_task(__name__, name="recurrent", order=30,
-                           help="recurrent arithmetic: sums over time steps, train length 10, test length 1000 (Table 1)")
+                           help="recurrent arithmetic: sums over time steps, train length 10, "
+                                "test length 1000 (Table 1)")

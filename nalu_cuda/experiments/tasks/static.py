@@ -196,7 +196,8 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
             "best_step": int(res.best_step[k]),
             "valid_mse": float(res.best_val[k]),
             "interp_mse": im, "extrap_mse": xm,
-            "interp_error": _norm(im, base[op][0]), "extrap_error": _norm(xm, base[op][1]),
+            "interp_error": ar.normalised_error(im, base[op][0]),
+            "extrap_error": ar.normalised_error(xm, base[op][1]),
             "sparsity_error": None if sparsity is None else float(sparsity[k]),
             "threshold": thresholds[op],
             "final_train_loss": float(res.final_loss[k]),
@@ -242,12 +243,6 @@ def _thin_history(h: List[List[float]], max_points: int = 60) -> List[List[float
         return h
     idx = np.unique(np.linspace(0, len(h) - 1, max_points).round().astype(int))
     return [h[i] for i in idx]
-
-
-def _norm(mse: float, base: float) -> Optional[float]:
-    if not (math.isfinite(mse) and base and math.isfinite(base) and base > 0):
-        return None
-    return 100.0 * mse / base
 
 
 @torch.no_grad()
@@ -531,4 +526,5 @@ def _plot_ranges(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]
 
 
 EXPERIMENT = register_task(__name__, name="static", order=20,
-                           help="static arithmetic: a, b sums of subsets of x in R^100; +, -, *, /, a^2, sqrt (Table 1)")
+                           help="static arithmetic: a, b sums of subsets of x in R^100; "
+                                "+, -, *, /, a^2, sqrt (Table 1)")
