@@ -2,7 +2,7 @@
 
 * :func:`wilson_interval`: the 95% Wilson score interval of a rate (success, divergence), as
   Madsen & Johansen report it.
-* :func:`mean_ci`: the mean over seeds and its 95% Student-t interval (the Experiments II tables).
+* :func:`mean_ci`: the mean over seeds and its 95% Student-t interval (the sequence tasks' tables).
 * :func:`median` / :func:`mean` over the finite values.
 * :func:`default_summary`: a configuration's ``summary.json`` record from its per-seed records;
   :func:`interval_summary` adds ``<key>_mean`` / ``<key>_ci`` for every numeric per-seed key.

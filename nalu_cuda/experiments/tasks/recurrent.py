@@ -10,7 +10,7 @@ state, "two stacked" units as in the paper; LSTM and GRU baselines with a linear
 
 Success uses the same idea as Madsen & Johansen's static criterion: the extrapolation MSE at the
 best-validation step is below that of an epsilon-perfect recurrent accumulator
-(:func:`~nalu_cuda.experiments.arithmetic.recurrent_mse_threshold`; no published threshold exists
+(:func:`~nalu_cuda.experiments.parts.arithmetic_data.recurrent_mse_threshold`; no published threshold exists
 for this task, so there is nothing to compare it with).
 """
 from __future__ import annotations
