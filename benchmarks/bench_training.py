@@ -4,7 +4,7 @@ What one "step" is, for every row: draw a fresh batch of 128 inputs in R^100 per
 compute the targets a + b (both on the stream's background thread, as ``nalu-cuda static`` does;
 ``--no-prefetch`` draws them on the training thread), forward and backward through a two-layer model of hidden size 2, check
 every member for NaN/Inf, and take an Adam step: exactly the loop of
-``nalu_cuda.experiments.training.train_ensemble`` used by ``nalu-cuda static`` (a tiny validation
+``nalu_cuda.experiments.parts.training.train_ensemble`` used by ``nalu-cuda static`` (a tiny validation
 set is evaluated once at the start and once at the end).
 
 Rows (``--models`` NAC+ -> NAC+ and NALU -> NALU by default):
@@ -47,10 +47,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import nalu_cuda  # noqa: E402
-from nalu_cuda.experiments import arithmetic as ar  # noqa: E402
-from nalu_cuda.experiments.ensemble import build_static_model, member_generators  # noqa: E402
+from nalu_cuda.experiments.parts import arithmetic_data as ar  # noqa: E402
+from nalu_cuda.experiments.parts import uniform_stream as us  # noqa: E402
+from nalu_cuda.experiments.parts.arithmetic_models import build_static_model, member_generators  # noqa: E402
 from nalu_cuda.experiments.registry import Context  # noqa: E402
-from nalu_cuda.experiments.training import EvalSet, train_ensemble  # noqa: E402
+from nalu_cuda.experiments.parts.training import EvalSet, train_ensemble  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 I, B = 100, 128
@@ -74,8 +75,8 @@ def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: b
     total = warm + steps
     model = build_static_model(model_name, I, 2, ensemble=E, backend=backend)
     model.reset_parameters(member_generators(seeds))
-    stream = ar.UniformStream(seeds, (B, I), interp, chunk=16, prefetch=prefetch,
-                              transform=ar.SumTargets(masks.numpy(), ["add"]))
+    stream = us.UniformStream(seeds, (B, I), interp, chunk=16, prefetch=prefetch,
+                              transform=us.SumTargets(masks.numpy(), ["add"]))
     first = stream.next()
     t0 = None
 

@@ -52,9 +52,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from .stats import default_summary, wilson_interval  # noqa: F401  (part of the plugin interface)
 
 __all__ = [
     "Config",
@@ -228,81 +229,3 @@ def get(name: str) -> Experiment:
 def all_experiments() -> List[Experiment]:
     """Registered experiments in report order."""
     return sorted(_REGISTRY.values(), key=lambda e: (e.order, e.name))
-
-
-# ------------------------------------------------------------------------------------------------
-# Statistics shared by every summary
-# ------------------------------------------------------------------------------------------------
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple:
-    """The 95% Wilson score interval of a binomial rate (what Madsen & Johansen report)."""
-    if n <= 0:
-        return (float("nan"), float("nan"))
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, round(centre - half, 12)), min(1.0, round(centre + half, 12)))
-
-
-def _finite(values) -> List[float]:
-    out = []
-    for v in values:
-        if v is None:
-            continue
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            continue
-        if math.isfinite(f):
-            out.append(f)
-    return out
-
-
-def _median(values) -> Optional[float]:
-    vals = sorted(_finite(values))
-    if not vals:
-        return None
-    n = len(vals)
-    return vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
-
-
-def _mean(values) -> Optional[float]:
-    vals = _finite(values)
-    return sum(vals) / len(vals) if vals else None
-
-
-def default_summary(config: Config, records: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """The ``summary.json`` record: identity, parameters, and statistics of the standard keys.
-
-    Rates come with 95% Wilson intervals (``*_ci``); errors with median and mean over seeds
-    (non-finite values, e.g. of diverged seeds, are left out of means and medians and counted by
-    ``divergence_rate`` instead).
-    """
-    n = len(records)
-    out: Dict[str, Any] = {"experiment": config.experiment, "config": config.name, "seeds": config.seeds,
-                           "steps": config.steps}
-    for k, v in config.params.items():
-        out.setdefault(k, v)
-    for key, rate in (("success", "success_rate"), ("diverged", "divergence_rate")):
-        # Once any seed reports the key, a seed without it counts as False (over all n seeds).
-        if n and any(r.get(key) is not None for r in records):
-            k = sum(bool(r.get(key)) for r in records)
-            out[rate] = k / n
-            out[rate.replace("_rate", "_count")] = k
-            out[rate.replace("rate", "ci")] = list(wilson_interval(k, n))
-    if any("solved_at" in r for r in records):
-        solved = [r.get("solved_at") for r in records if r.get("success") and r.get("solved_at") is not None]
-        out["solved_at_median"] = _median(solved)
-    for key in ("interp_error", "extrap_error", "interp_mse", "extrap_mse", "sparsity_error", "accuracy"):
-        if any(key in r for r in records):
-            vals = [r.get(key) for r in records]
-            out[f"{key}_median"] = _median(vals)
-            out[f"{key}_mean"] = _mean(vals)
-    # Madsen & Johansen report the sparsity error over the successful seeds only.
-    sp = _mean(r.get("sparsity_error") for r in records if r.get("success"))
-    if sp is not None:
-        out["sparsity_error_solved_mean"] = sp
-    out["n_records"] = n
-    return out

@@ -13,7 +13,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .registry import ConfigResult, all_experiments
 
-__all__ = ["build_report", "md_table", "fmt_rate", "fmt_num", "MADSEN_SUCCESS", "INALU_SUCCESS", "plt"]
+__all__ = ["build_report", "md_table", "fmt_rate", "fmt_num", "fmt_ci", "plot_per_op", "figure_lines", "MADSEN_SUCCESS",
+           "INALU_SUCCESS", "plt"]
 
 # Madsen & Johansen (2020), static task, U[1,2] -> U[2,6], 100 seeds. Keys: (our model name, op).
 MADSEN_SUCCESS: Dict[Tuple[str, str], float] = {
@@ -56,6 +57,34 @@ def save_figure(fig, out_dir: str, name: str, dpi: int = 110) -> str:
     return name
 
 
+def plot_per_op(curves: Sequence[Tuple[str, str, Sequence[float], Sequence[Optional[float]]]], out_dir: str,
+                name: str, xlabel: str, ylabel: str = "median MSE", mark_x: Optional[float] = None,
+                legend_size: int = 7) -> Optional[str]:
+    """One log-log panel per operation: ``curves`` are ``(label, op, xs, ys)``; missing or
+    non-positive ys are gaps; ``mark_x`` draws a dotted vertical line (the training point).
+    Writes ``out_dir/name`` and returns ``name``, or None when there is nothing to draw."""
+    from .parts.arithmetic_data import OP_SYMBOLS, OPS
+
+    ops = [op for op in OPS if any(c[1] == op for c in curves)]
+    if not ops:
+        return None
+    fig, panels = op_grid(len(ops))
+    for op, ax in zip(ops, panels):
+        for label, cop, xs, ys in curves:
+            if cop == op:
+                ax.plot(xs, [y if (y is not None and y > 0) else float("nan") for y in ys], marker="o", ms=3,
+                        label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        if mark_x is not None:
+            ax.axvline(mark_x, color="grey", lw=0.8, ls=":")
+        ax.set_title(OP_SYMBOLS[op])
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=legend_size)
+    return save_figure(fig, out_dir, name)
+
+
 def fmt_num(v: Any, digits: int = 3) -> str:
     if v is None:
         return "-"
@@ -80,6 +109,27 @@ def fmt_rate(s: Dict[str, Any], key: str = "success") -> str:
     count = s.get(f"{key}_count" if key != "diverged" else "divergence_count")
     n = s.get("n_records")
     return f"{100 * rate:.0f}% ({count}/{n}) [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]"
+
+
+def fmt_ci(summary: Dict[str, Any], key: str, pct: bool = False, digits: int = 3) -> str:
+    """``mean [lo, hi]`` of a summary key (``pct``: as percentages)."""
+    m = summary.get(f"{key}_mean")
+    ci = summary.get(f"{key}_ci") or [None, None]
+    if m is None:
+        return fmt_num(None)
+    if pct:
+        lo, hi = ci
+        if lo is None:
+            return f"{100 * m:.1f}%"
+        return f"{100 * m:.1f}% [{100 * max(0.0, lo):.1f}, {100 * min(1.0, hi):.1f}]"
+    if ci[0] is None or ci[0] == ci[1]:
+        return fmt_num(m, digits)
+    return f"{fmt_num(m, digits)} [{fmt_num(ci[0], digits)}, {fmt_num(ci[1], digits)}]"
+
+
+def figure_lines(path: Optional[str], alt: str) -> List[str]:
+    """The Markdown lines that show a written figure (none when no figure was written)."""
+    return [f"![{alt}]({path})", ""] if path else []
 
 
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import nalu_cuda
-from nalu_cuda.experiments import arithmetic as ar
+from nalu_cuda.experiments.parts import arithmetic_data as ar
+from nalu_cuda.experiments.parts import uniform_stream as us
 
 
 @pytest.mark.parametrize("op", ar.OPS)
@@ -45,14 +46,14 @@ def test_subset_layout_sizes_and_seed_offset():
 
 def test_stream_members_independent_of_ensemble_and_resumable():
     r = ar.parse_range([1, 2])
-    ens = ar.UniformStream([4, 7, 9], (5, 3), r, chunk=4)
-    single = ar.UniformStream([7], (5, 3), r, chunk=4)
+    ens = us.UniformStream([4, 7, 9], (5, 3), r, chunk=4)
+    single = us.UniformStream([7], (5, 3), r, chunk=4)
     for _ in range(6):
         a, b = ens.next(), single.next()
         assert torch.equal(a[1], b[0])
     state = ens.state_dict()
     nxt = [ens.next().clone() for _ in range(5)]
-    again = ar.UniformStream([4, 7, 9], (5, 3), r, chunk=4)
+    again = us.UniformStream([4, 7, 9], (5, 3), r, chunk=4)
     again.load_state_dict(state)
     assert all(torch.equal(again.next(), x) for x in nxt)
 
@@ -60,8 +61,8 @@ def test_stream_members_independent_of_ensemble_and_resumable():
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_stream_reuses_chunk_memory_only_when_nothing_holds_it(prefetch):
     r = ar.parse_range([-2, 3])
-    stream = ar.UniformStream([1, 2], (6, 5), r, chunk=3, prefetch=prefetch)
-    fresh = ar.UniformStream([1, 2], (6, 5), r, chunk=3)
+    stream = us.UniformStream([1, 2], (6, 5), r, chunk=3, prefetch=prefetch)
+    fresh = us.UniformStream([1, 2], (6, 5), r, chunk=3)
     held = stream.next()  # a batch the caller keeps across many chunks
     keep = held.clone()
     assert torch.equal(fresh.next(), keep)
@@ -77,10 +78,10 @@ def test_stream_reuses_chunk_memory_only_when_nothing_holds_it(prefetch):
 
 
 def test_stream_values_in_range_and_union():
-    x = ar.UniformStream([0], (20000,), ar.parse_range([-6, -2, 2, 6])).next()
+    x = us.UniformStream([0], (20000,), ar.parse_range([-6, -2, 2, 6])).next()
     assert ((x.abs() >= 2) & (x.abs() <= 6)).all()
     assert 0.45 < (x > 0).float().mean() < 0.55
-    y = ar.UniformStream([0], (20000,), ar.parse_range([0.1, 0.2])).next()
+    y = us.UniformStream([0], (20000,), ar.parse_range([0.1, 0.2])).next()
     assert y.min() >= 0.1 and y.max() <= 0.2
     assert abs(float(y.mean()) - 0.15) < 0.002
 
@@ -125,11 +126,11 @@ class _CountingFast:
 
 
 def _draw(monkeypatch, native, seeds, shape, rng, chunk, steps, has_uint32=0, uinteger=0):
-    monkeypatch.setattr(ar, "_USE_NATIVE_FILL", native)
+    monkeypatch.setattr(us, "_USE_NATIVE_FILL", native)
     fast = _CountingFast()
     if _native is not None:
         monkeypatch.setattr(nalu_cuda._ops, "fast", fast)
-    s = ar.UniformStream(seeds, shape, ar.parse_range(rng), chunk=chunk)
+    s = us.UniformStream(seeds, shape, ar.parse_range(rng), chunk=chunk)
     for bg in s._bitgens:  # random_raw leaves the buffered half-word alone; so must the native fill
         bg.state = {**bg.state, "has_uint32": has_uint32, "uinteger": uinteger}
     xs = torch.stack([s.next().clone() for _ in range(steps)])
@@ -212,8 +213,8 @@ def test_native_fill_bad_arguments():
 
 
 def _sum_stream(monkeypatch, native, seeds, shape, rng, weights, ops, steps):
-    monkeypatch.setattr(ar, "_USE_NATIVE_FILL", native)
-    s = ar.UniformStream(seeds, shape, ar.parse_range(rng), chunk=3, transform=ar.SumTargets(weights, ops))
+    monkeypatch.setattr(us, "_USE_NATIVE_FILL", native)
+    s = us.UniformStream(seeds, shape, ar.parse_range(rng), chunk=3, transform=us.SumTargets(weights, ops))
     return [s.next() for _ in range(steps)]
 
 

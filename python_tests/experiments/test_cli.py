@@ -9,7 +9,7 @@ import torch
 
 from nalu_cuda import cli
 from nalu_cuda.experiments import runner
-from nalu_cuda.experiments.static import static_config
+from nalu_cuda.experiments.tasks.static import static_config
 
 SMALL = dict(eval_every=20, n_valid=200, n_test=200, baseline_models=4, threshold_samples=5_000)
 TINY = ["--seeds", "2", "--steps", "40", "--eval-every", "20", "--n-test", "200", "--no-progress"]

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from nalu_cuda.experiments import digits, registry
-from nalu_cuda.experiments.mnist import find_mnist_files, load_digit_images, read_idx, write_idx
+from nalu_cuda.experiments import registry
+from nalu_cuda.experiments.tasks import digits
+from nalu_cuda.experiments.parts.mnist_data import find_mnist_files, load_digit_images, read_idx, write_idx
 
 
 def _ctx(tmp_path, **kw):

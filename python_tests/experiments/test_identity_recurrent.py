@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from nalu_cuda.experiments.ensemble import build_recurrent_model, member_generators
-from nalu_cuda.experiments.identity import identity_config, run_identity
-from nalu_cuda.experiments.recurrent import recurrent_config, run_recurrent
+from nalu_cuda.experiments.parts.arithmetic_models import build_recurrent_model, member_generators
+from nalu_cuda.experiments.tasks.identity import identity_config, run as run_identity
+from nalu_cuda.experiments.tasks.recurrent import recurrent_config, run as run_recurrent
 from nalu_cuda.experiments.registry import Context
 
 CTX = Context(device="cpu", work_dir=".", progress=False)

@@ -5,7 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from nalu_cuda.experiments import language, registry
+from nalu_cuda.experiments import registry
+from nalu_cuda.experiments.tasks import language
 
 SMALL = {"sizes": [[8, 4], [8, 5]], "lrs": [0.01, 0.1], "eval_every": 2, "n_phrases": 3}
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import nalu_cuda
-from nalu_cuda.experiments import parity, registry
+from nalu_cuda.experiments import registry
+from nalu_cuda.experiments.tasks import parity
 
 SMALL = {"batch": 8, "hidden": 6, "channels": [2, 3], "eval_every": 2, "n_val": 20, "n_test": 30}
 

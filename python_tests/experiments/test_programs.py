@@ -7,7 +7,8 @@ import re
 import pytest
 import torch
 
-from nalu_cuda.experiments import programs, registry
+from nalu_cuda.experiments import registry
+from nalu_cuda.experiments.tasks import programs
 
 SMALL = {"pool": 64, "n_val": 16, "n_test": 16, "n_curve": 8, "eval_every": 2, "batch": 8, "hidden": 6, "emb": 5}
 

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 import nalu_cuda
-from nalu_cuda.experiments import arithmetic as ar
-from nalu_cuda.experiments.ensemble import build_recurrent_model, build_static_model, member_generators
+from nalu_cuda.experiments.parts import arithmetic_data as ar
+from nalu_cuda.experiments.parts.arithmetic_models import build_recurrent_model, build_static_model, member_generators
 from nalu_cuda.experiments.registry import Context
-from nalu_cuda.experiments.static import run_static, static_config
-from nalu_cuda.experiments.training import EvalSet, train_ensemble
+from nalu_cuda.experiments.tasks.static import run as run_static, static_config
+from nalu_cuda.experiments.parts.training import EvalSet, train_ensemble
 
 CTX = Context(device="cpu", work_dir=".", progress=False)
 SMALL = dict(eval_every=50, n_valid=300, n_test=300, baseline_models=5, threshold_samples=5_000)
@@ -118,12 +118,12 @@ needs_fused_adam = pytest.mark.skipif(_fused_adam is None, reason="native extens
 
 
 def _adam_pair(E, dtype, fused: bool, lr=1e-2):
-    from nalu_cuda.experiments import training
+    from nalu_cuda.experiments.parts import optim
 
     torch.manual_seed(3)
     shapes = [(E, 7, 3), (E, 2), (E,), (E, 37)]  # member runs of 21, 2, 1 and 37 (vector body + remainder)
     params = [torch.randn(s, dtype=dtype).requires_grad_() for s in shapes]
-    opt = training.FlatAdam(params, lr=lr)
+    opt = optim.FlatAdam(params, lr=lr)
     if not fused:
         opt._native_step = lambda E: None
     return params, opt

@@ -36,11 +36,15 @@ from torch import Tensor, nn
 
 import nalu_cuda
 
-from . import registry
-from .exp2_common import (add_backend_argument, fmt_ci, fmt_num, interval_summary, resolve_backend, resolve_device,
-                          run_options, seed_list, train_ensemble)
-from .recurrent_units import EnsembleAdam, EnsembleEmbedding, EnsembleLinear, ensemble_gather, make_recurrent, \
-    member_generators
+from .. import registry
+from ..parts.layers import EnsembleEmbedding, EnsembleLinear, ensemble_gather
+from ..parts.optim import EnsembleAdam
+from ..parts.seeding import member_generators
+from ..parts.sequence_models import make_recurrent
+from ..parts.training import train_sequence_ensemble
+from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting, task_model_configs
+from ..report import figure_lines, fmt_ci, fmt_num
+from ..stats import interval_summary
 
 NAME = "programs"
 TASKS = ("add", "program")
@@ -104,12 +108,12 @@ class ProgramReader(nn.Module):
         if model not in MODELS:
             raise ValueError(f"programs: model must be one of {MODELS}, got {model!r}")
         self.kind = model
-        self.embedding = EnsembleEmbedding(ensemble, len(VOCAB), emb)
+        self.embedding = EnsembleEmbedding(len(VOCAB), emb, ensemble=ensemble)
         self.rec = make_recurrent("ugrnn" if model == "ugrnn" else "lstm", ensemble, emb, hidden)
         if model == "nalu":
             self.head = nalu_cuda.NALU(hidden, 1, ensemble=ensemble, backend=backend)
         else:
-            self.head = EnsembleLinear(ensemble, hidden, 1)
+            self.head = EnsembleLinear(hidden, 1, ensemble=ensemble)
 
     def reset_parameters(self, seeds: Sequence[int]) -> None:
         self.embedding.reset_parameters(member_generators(seeds, 51))
@@ -149,10 +153,7 @@ def _metrics(pred: Tensor, y: Tensor) -> Dict[str, Tensor]:
 def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     p = {**BASE_PARAMS, **config.params}
     task, kind = p["task"], p["model"]
-    device = resolve_device(ctx)
-    dtype = getattr(torch, ctx.dtype or "float32")
-    backend = resolve_backend(config, ctx)
-    seeds = seed_list(config)
+    device, dtype, backend, seeds = run_setting(config, ctx)
     E = len(seeds)
     ds = int(p["data_seed"])
     lo, hi = DOMAINS["interp"]
@@ -202,7 +203,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
             out[f"{d}_relerr"] = [x if math.isfinite(x) else None for x in m["relerr"].tolist()]
         return out
 
-    res = train_ensemble(ctx=ctx, model=model, opt=opt, ensemble=E, steps=config.steps, eval_every=int(p["eval_every"]),
+    res = train_sequence_ensemble(ctx=ctx, model=model, opt=opt, ensemble=E, steps=config.steps, eval_every=int(p["eval_every"]),
                          train_step=train_step, validate=validate, on_eval=on_eval,
                          generators={f"data{i}": g for i, g in enumerate(gens)}, desc=f"programs {config.name}")
     final = {}
@@ -235,16 +236,9 @@ PROFILES = {
 }
 
 
-def make_configs(tasks: Sequence[str], models: Sequence[str], seeds: int, steps: int, **params) -> List[registry.Config]:
-    return [registry.Config(NAME, f"{t}-{m}", seeds, steps, {**params, "task": t, "model": m})
-            for t in tasks for m in models]
-
-
 def profile_configs(profile: str) -> List[registry.Config]:
-    if profile not in PROFILES:
-        raise ValueError(f"programs: unknown profile {profile!r}")
-    pr = PROFILES[profile]
-    return make_configs(TASKS, MODELS, pr["seeds"], pr["steps"], **pr.get("params", {}))
+    seeds, steps, params = profile_entry(NAME, PROFILES, profile)
+    return task_model_configs(NAME, TASKS, MODELS, seeds, steps, **params)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -263,7 +257,7 @@ def configs(args: argparse.Namespace) -> List[registry.Config]:
         raise ValueError(f"--hidden must be positive, got {args.hidden}")
     params: Dict[str, Any] = {"hidden": args.hidden}
     seeds, steps = run_options(args, params, PROFILES["quick"])
-    return make_configs(tasks, models, seeds, steps, **params)
+    return task_model_configs(NAME, tasks, models, seeds, steps, **params)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -280,7 +274,7 @@ LABELS = {"lstm": "LSTM", "ugrnn": "UGRNN", "nalu": "LSTM + NALU"}
 
 
 def _plot(results: Sequence[registry.ConfigResult], out_dir: str) -> Optional[str]:
-    from .report import plt as pyplot, save_figure
+    from ..report import plt as pyplot, save_figure
 
     try:
         plt = pyplot()
@@ -381,21 +375,10 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
                          "a model has learned the training domain when its validation R^2 = 1 - MSE / Var(target) "
                          f"is at least {LEARNED_R2}.")
             lines.append("")
-    png = _plot(results, out_dir)
-    if png:
-        lines.append(f"![learning curves per test domain, mean and 2-sigma bands over seeds]({png})")
-        lines.append("")
+    lines += figure_lines(_plot(results, out_dir), "learning curves per test domain, mean and 2-sigma bands over seeds")
     return "\n".join(lines)
 
 
-EXPERIMENT = registry.register(registry.Experiment(
-    name=NAME,
-    help="program evaluation (Fig. 4): LSTM, UGRNN and LSTM+NALU read code character by character",
-    configs=configs,
-    profile_configs=profile_configs,
-    run=run,
-    add_arguments=add_arguments,
-    summarize=interval_summary,
-    report_section=report_section,
-    order=70,
-))
+EXPERIMENT = register_task(__name__, name=NAME, order=70, summarize=interval_summary,
+                           help="program evaluation (Fig. 4): "
+                                "LSTM, UGRNN and LSTM+NALU read code character by character")

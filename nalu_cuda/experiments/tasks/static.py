@@ -18,17 +18,21 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from . import arithmetic as ar
-from .ensemble import ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model, member_generators, sparsity_error
-from .registry import Config, ConfigResult, Context, Experiment, RunOutput, default_summary, register
-from .training import EvalSet, evaluate_mse, train_ensemble
+from ..parts import arithmetic_data as ar
+from ..parts.arithmetic_models import (ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model,
+                                       member_generators, sparsity_error, training_hooks)
+from ..parts.training import EvalSet, evaluate_mse, train_ensemble
+from ..parts.uniform_stream import SumTargets, UniformStream
+from ..plugin import register_task
+from ..registry import Config, ConfigResult, Context, RunOutput, default_summary
 
-__all__ = ["EXPERIMENT", "static_config", "run_static", "STATIC_MODELS", "RANGE_STRESS"]
+__all__ = ["EXPERIMENT", "static_config", "StaticParams", "run", "STATIC_MODELS", "RANGE_STRESS"]
 
 STATIC_MODELS = ("linear", "relu", "relu6") + ARITHMETIC_MODELS + tuple(m for m in MLP_MODELS if m not in ("linear", "relu", "relu6"))
 
@@ -50,15 +54,33 @@ DEFAULTS: Dict[str, Any] = dict(
     lr_milestones=[], lr_gamma=0.1,
 )
 
+
+
+@dataclass(frozen=True)
+class StaticParams(ar.TaskParams):
+    """One configuration's parameters, parsed once from ``Config.params`` (defaults :data:`DEFAULTS`)."""
+
+    threshold_layout: str
+    lr_milestones: Tuple[float, ...]
+    lr_gamma: float
+
+    @classmethod
+    def from_params(cls, params: Dict[str, Any]) -> "StaticParams":
+        return super().from_params(params, DEFAULTS)
+
+    @staticmethod
+    def _parse(p: Dict[str, Any]) -> None:
+        p["lr_milestones"] = tuple(p["lr_milestones"])
+
+
 _THRESHOLD_CACHE: Dict[tuple, float] = {}
 
 
-def threshold_for(op: str, extrap: ar.Range, p: Dict[str, Any]) -> float:
-    key = (op, extrap, p["input_size"], p["subset_ratio"], p["overlap_ratio"], p["threshold_samples"],
-           p["threshold_layout"])
+def threshold_for(op: str, p: StaticParams) -> float:
+    key = (op, p.extrap, p.input_size, p.subset_ratio, p.overlap_ratio, p.threshold_samples, p.threshold_layout)
     if key not in _THRESHOLD_CACHE:
-        _THRESHOLD_CACHE[key] = ar.mse_threshold(op, extrap, p["input_size"], p["subset_ratio"], p["overlap_ratio"],
-                                                 samples=p["threshold_samples"], layout=p["threshold_layout"])
+        _THRESHOLD_CACHE[key] = ar.mse_threshold(op, p.extrap, p.input_size, p.subset_ratio, p.overlap_ratio,
+                                                 samples=p.threshold_samples, layout=p.threshold_layout)
     return _THRESHOLD_CACHE[key]
 
 
@@ -78,8 +100,8 @@ def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, nam
     if unknown:
         raise ValueError(f"unknown static parameters {sorted(unknown)}")
     p.update({k: v for k, v in params.items() if v is not None})
-    interp = _as_range(p["interp"], "interpolation range")
-    extrap = _as_range(p["extrap"], "extrapolation range")
+    interp = ar.as_range(p["interp"], "interpolation range")
+    extrap = ar.as_range(p["extrap"], "extrapolation range")
     if interp.contains(extrap):
         raise ValueError(f"the extrapolation range {extrap} lies inside the training range {interp}: "
                          "that tests interpolation, not extrapolation")
@@ -104,33 +126,26 @@ def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, nam
     return Config("static", name, int(seeds), int(steps), p)
 
 
-def _as_range(r, what: str) -> ar.Range:
-    if isinstance(r, ar.Range):
-        return r
-    flat = [v for pair in r for v in (pair if isinstance(pair, (list, tuple)) else [pair])]
-    return ar.parse_range(flat, what)
-
-
-def run_static(cfg: Config, ctx: Context) -> RunOutput:
-    p = cfg.params
+def run(cfg: Config, ctx: Context) -> RunOutput:
+    p = StaticParams.from_params(cfg.params)
     torch.manual_seed(0)
-    ops: List[str] = p["ops"]
+    ops = p.ops
     S = cfg.seeds
-    seeds = [p["seed_offset"] + s for s in range(S)]
+    seeds = [p.seed_offset + s for s in range(S)]
     E = len(ops) * S
     member_seeds = [s for _ in ops for s in seeds]
-    I = p["input_size"]
-    interp, extrap = _as_range(p["interp"], "interp"), _as_range(p["extrap"], "extrap")
+    I = p.input_size
+    interp, extrap = p.interp, p.extrap
     dev = torch.device(ctx.device)
 
-    layouts = [ar.subset_layout(s, I, p["subset_ratio"], p["overlap_ratio"]) for s in seeds]
+    layouts = [ar.subset_layout(s, I, p.subset_ratio, p.overlap_ratio) for s in seeds]
     masks = torch.stack([lay.mask() for lay in layouts])  # (S, I, 2)
-    model = build_static_model(p["model"], I, p["hidden"], ensemble=E, backend=p["backend"], eps=p["eps"])
+    model = build_static_model(p.model, I, p.hidden, ensemble=E, backend=p.backend, eps=p.eps)
     model.reset_parameters(member_generators(member_seeds))
     model.to(dev)
 
-    stream = ar.UniformStream(seeds, (p["batch"], I), interp, chunk=16, prefetch=True,
-                              transform=ar.SumTargets(masks.numpy(), ops))
+    stream = UniformStream(seeds, (p.batch, I), interp, chunk=16, prefetch=True,
+                              transform=SumTargets(masks.numpy(), ops))
 
     def batch_fn(step: int):
         x, t = stream.next()                              # (S, B, I), (E, B, 1)
@@ -138,24 +153,24 @@ def run_static(cfg: Config, ctx: Context) -> RunOutput:
         return (x if len(ops) == 1 else x.repeat(len(ops), 1, 1)), t
 
     def fixed_set(name: str, rng_range: ar.Range, n: int) -> EvalSet:
-        rng = np.random.default_rng(ar.seed_for(p["data_seed"], name))
+        rng = np.random.default_rng(ar.seed_for(p.data_seed, name))
         x = torch.from_numpy(rng_range.sample(rng, (n, I))).float()
         xs = x.unsqueeze(0).expand(S, n, I)
         ab = torch.bmm(xs.double(), masks.double())      # targets in float64 from the float32 inputs
         t = torch.cat([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 0).unsqueeze(-1).float()
         return EvalSet(name, x.to(dev), t.to(dev))
 
-    val = fixed_set("valid", interp, p["n_valid"])
-    test_i = fixed_set("interp-test", interp, p["n_test"])
-    test_x = fixed_set("extrap-test", extrap, p["n_test"])
-    thresholds = {op: threshold_for(op, extrap, p) for op in ops}
+    val = fixed_set("valid", interp, p.n_valid)
+    test_i = fixed_set("interp-test", interp, p.n_test)
+    test_x = fixed_set("extrap-test", extrap, p.n_test)
+    thresholds = {op: threshold_for(op, p) for op in ops}
     thr = torch.tensor([thresholds[op] for op in ops for _ in seeds], dtype=torch.float64)
 
     try:
-        res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p["lr"], eval_every=p["eval_every"],
+        res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p.lr, eval_every=p.eval_every,
                              threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"static {cfg.name}",
                              stream_state=(stream.state_dict, stream.load_state_dict),
-                             lr_milestones=p["lr_milestones"], lr_gamma=p["lr_gamma"])
+                             lr_milestones=p.lr_milestones, lr_gamma=p.lr_gamma, **training_hooks(model))
     finally:
         stream.close()
 
@@ -174,14 +189,15 @@ def run_static(cfg: Config, ctx: Context) -> RunOutput:
         div = bool(res.diverged[k])
         success = bool(math.isfinite(xm) and xm < thresholds[op])
         records.append({
-            "seed": seed, "model": p["model"], "op": op,
+            "seed": seed, "model": p.model, "op": op,
             "interp": str(interp), "extrap": str(extrap),
             "success": success, "diverged": div,
             "solved_at": int(res.solved_at[k]) if int(res.solved_at[k]) >= 0 else None,
             "best_step": int(res.best_step[k]),
             "valid_mse": float(res.best_val[k]),
             "interp_mse": im, "extrap_mse": xm,
-            "interp_error": _norm(im, base[op][0]), "extrap_error": _norm(xm, base[op][1]),
+            "interp_error": ar.normalised_error(im, base[op][0]),
+            "extrap_error": ar.normalised_error(xm, base[op][1]),
             "sparsity_error": None if sparsity is None else float(sparsity[k]),
             "threshold": thresholds[op],
             "final_train_loss": float(res.final_loss[k]),
@@ -203,14 +219,14 @@ RANGE_SCALES = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
 
 @torch.no_grad()
-def _range_curve(model, p, ops, masks, interp: ar.Range, S: int, dev, diverged, n: int = 1000) -> Dict[str, Any]:
+def _range_curve(model, p: StaticParams, ops, masks, interp: ar.Range, S: int, dev, diverged, n: int = 1000) -> Dict[str, Any]:
     """Median (over non-diverged seeds) MSE on the training range scaled by each of RANGE_SCALES."""
-    I = p["input_size"]
+    I = p.input_size
     E = len(ops) * S
     med: Dict[str, List[Optional[float]]] = {op: [] for op in ops}
     for k, sc in enumerate(RANGE_SCALES):
         rng_range = ar.Range(tuple((lo * sc, hi * sc) for lo, hi in interp.intervals))
-        rng = np.random.default_rng(ar.seed_for(p["data_seed"], f"range-{k}"))
+        rng = np.random.default_rng(ar.seed_for(p.data_seed, f"range-{k}"))
         x = torch.from_numpy(rng_range.sample(rng, (n, I))).float()
         ab = torch.bmm(x.double().unsqueeze(0).expand(S, n, I), masks.double())
         t = torch.cat([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 0).unsqueeze(-1).float()
@@ -229,26 +245,20 @@ def _thin_history(h: List[List[float]], max_points: int = 60) -> List[List[float
     return [h[i] for i in idx]
 
 
-def _norm(mse: float, base: float) -> Optional[float]:
-    if not (math.isfinite(mse) and base and math.isfinite(base) and base > 0):
-        return None
-    return 100.0 * mse / base
-
-
 @torch.no_grad()
-def _random_baseline(p: Dict[str, Any], ops: Sequence[str], test_i: EvalSet, test_x: EvalSet, dev) -> Dict[str, tuple]:
+def _random_baseline(p: StaticParams, ops: Sequence[str], test_i: EvalSet, test_x: EvalSet, dev) -> Dict[str, tuple]:
     """Mean MSE of ``baseline_models`` randomly initialised models (fixed seeds), per operation.
 
     Each random model gets the subset layout of its own seed (as a trained member would); the
     mean is over models with a finite MSE.
     """
-    R = int(p["baseline_models"])
+    R = p.baseline_models
     bseeds = [10_000_000 + r for r in range(R)]
-    I = p["input_size"]
-    model = build_static_model(p["model"], I, p["hidden"], ensemble=R, backend=p["backend"], eps=p["eps"])
+    I = p.input_size
+    model = build_static_model(p.model, I, p.hidden, ensemble=R, backend=p.backend, eps=p.eps)
     model.reset_parameters(member_generators(bseeds))
     model.to(dev).eval()
-    masks = torch.stack([ar.subset_layout(s, I, p["subset_ratio"], p["overlap_ratio"]).mask() for s in bseeds]).double()
+    masks = torch.stack([ar.subset_layout(s, I, p.subset_ratio, p.overlap_ratio).mask() for s in bseeds]).double()
     out = {}
     preds = {}
     for ev in (test_i, test_x):
@@ -297,7 +307,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="NAC/NALU implementation (default: auto)")
 
 
-def configs_from_args(args: argparse.Namespace) -> List[Config]:
+def configs(args: argparse.Namespace) -> List[Config]:
     ops = list(ar.OPS) if [o.lower() for o in args.op] == ["all"] else args.op
     seeds = 16 if args.seeds is None else args.seeds
     steps = 50_000 if args.steps is None else args.steps
@@ -358,7 +368,7 @@ def summarize(cfg: Config, records: List[Dict[str, Any]], extra: Dict[str, Any])
         s = default_summary(cfg, recs)
         for k in ("ops", "baseline_models", "threshold_samples", "n_valid", "n_test", "data_seed", "seed_offset"):
             s.pop(k, None)
-        s.update({"op": op, "interp": str(_as_range(p["interp"], "")), "extrap": str(_as_range(p["extrap"], "")),
+        s.update({"op": op, "interp": str(ar.as_range(p["interp"])), "extrap": str(ar.as_range(p["extrap"])),
                   "threshold": extra["thresholds"][op], "published_threshold": ar.PUBLISHED_THRESHOLDS[op]
                   if p["interp"] == DEFAULTS["interp"] and p["extrap"] == DEFAULTS["extrap"]
                   and p["input_size"] == 100 else None,
@@ -368,7 +378,7 @@ def summarize(cfg: Config, records: List[Dict[str, Any]], extra: Dict[str, Any])
 
 
 def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
-    from .report import INALU_SUCCESS, MADSEN_SUCCESS, claim_row, fmt_num, fmt_rate, md_table
+    from ..report import INALU_SUCCESS, MADSEN_SUCCESS, claim_row, fmt_num, fmt_rate, md_table
 
     out = ["## Static arithmetic (Trask et al. Table 1, top; Madsen & Johansen 2020 protocol)", ""]
     rows, summ = [], []
@@ -485,7 +495,7 @@ def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
 
 
 def _range_stress_table(summ) -> List[str]:
-    from .report import fmt_num, fmt_rate, md_table
+    from ..report import fmt_num, fmt_rate, md_table
 
     rows = [s for _, s in summ if s["op"] == "mul" and s.get("published_threshold") is None]
     if not rows:
@@ -498,7 +508,7 @@ def _range_stress_table(summ) -> List[str]:
 
 
 def _plot_ranges(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]:
-    from .report import op_grid, save_figure
+    from ..report import plot_per_op
 
     curves = []
     for r in results:
@@ -508,37 +518,13 @@ def _plot_ranges(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]
         pr = r.config.params
         label = pr["model"] + ("" if int(pr.get("hidden", 2)) == 2 else f" (hidden {pr['hidden']})")
         if pr["interp"] != DEFAULTS["interp"]:
-            label += f" {_as_range(pr['interp'], '')}"
+            label += f" {ar.as_range(pr['interp'])}"
         for op, med in rc["median_mse"].items():
-            curves.append((label, op, rc["scales"], med, None))
-    if not curves:
-        return None
-    ops = [op for op in ar.OPS if any(c[1] == op for c in curves)]
-    fig, panels = op_grid(len(ops))
-    for op, ax in zip(ops, panels):
-        for model, cop, scales, med, interp in curves:
-            if cop != op:
-                continue
-            ys = [m if (m is not None and m > 0) else float("nan") for m in med]
-            ax.plot(scales, ys, marker="o", ms=3, label=model)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.axvline(1.0, color="grey", lw=0.8, ls=":")
-        ax.set_title(ar.OP_SYMBOLS[op])
-        ax.set_xlabel("input scale s (1 = training range)")
-        ax.set_ylabel("median MSE")
-        ax.legend(fontsize=6)
-    return save_figure(fig, out_dir, "static_error_vs_range.png")
+            curves.append((label, op, rc["scales"], med))
+    return plot_per_op(curves, out_dir, "static_error_vs_range.png", "input scale s (1 = training range)",
+                       mark_x=1.0, legend_size=6)
 
 
-EXPERIMENT = register(Experiment(
-    name="static",
-    help="static arithmetic: a, b sums of subsets of x in R^100; +, -, *, /, a^2, sqrt (Table 1)",
-    configs=configs_from_args,
-    profile_configs=profile_configs,
-    run=run_static,
-    add_arguments=add_arguments,
-    summarize=summarize,
-    report_section=report_section,
-    order=20,
-))
+EXPERIMENT = register_task(__name__, name="static", order=20,
+                           help="static arithmetic: a, b sums of subsets of x in R^100; "
+                                "+, -, *, /, a^2, sqrt (Table 1)")

@@ -1,14 +1,18 @@
-"""The ensemble building blocks of the Experiments II modules (``recurrent_units``): equal to
-PyTorch's own layers member by member, members independent, optimizer equal to torch's Adam."""
+"""The ensemble layers and recurrent cells of the sequence tasks (``parts.layers``,
+``parts.sequence_models``), their optimiser and best-state keeper: equal to PyTorch's own layers
+member by member, members independent, optimizer equal to torch's Adam."""
 import math
 
 import pytest
 import torch
 from torch import nn
 
-from nalu_cuda.experiments.recurrent_units import (BestState, EnsembleAdam, EnsembleCNN, EnsembleGRU,
-                                                   EnsembleLinear, EnsembleLSTM, EnsembleUGRNN, RecurrentArithmetic,
-                                                   ensemble_gather, mean_ci, member_generators)
+from nalu_cuda.experiments.parts.layers import EnsembleCNN, EnsembleLinear, ensemble_gather
+from nalu_cuda.experiments.parts.optim import EnsembleAdam
+from nalu_cuda.experiments.parts.seeding import member_generators
+from nalu_cuda.experiments.parts.sequence_models import EnsembleGRU, EnsembleLSTM, EnsembleUGRNN, RecurrentArithmetic
+from nalu_cuda.experiments.parts.training import BestState
+from nalu_cuda.experiments.stats import mean_ci
 
 
 def _gens(E):
@@ -17,7 +21,7 @@ def _gens(E):
 
 def test_lstm_matches_torch_lstm_per_member():
     E, I, H = 3, 4, 5
-    ens = EnsembleLSTM(E, I, H)
+    ens = EnsembleLSTM(I, H, ensemble=E)
     ens.reset_parameters(_gens(E))
     x = torch.randn(E, 2, 7, I)
     out = ens(x)
@@ -33,7 +37,7 @@ def test_lstm_matches_torch_lstm_per_member():
 
 def test_gru_matches_torch_gru_per_member():
     E, I, H = 2, 3, 4
-    ens = EnsembleGRU(E, I, H)
+    ens = EnsembleGRU(I, H, ensemble=E)
     ens.reset_parameters(_gens(E))
     x = torch.randn(E, 3, 6, I)
     out = ens(x)
@@ -48,7 +52,7 @@ def test_gru_matches_torch_gru_per_member():
 
 
 def test_ugrnn_update_rule():
-    ens = EnsembleUGRNN(1, 2, 3)
+    ens = EnsembleUGRNN(2, 3, ensemble=1)
     ens.reset_parameters(_gens(1))
     x = torch.randn(1, 1, 2, 2)
     out = ens(x)
@@ -62,7 +66,7 @@ def test_ugrnn_update_rule():
 
 def test_recurrent_nac_with_identity_weights_counts_exactly():
     """A recurrent NAC with W = [[I], [I]] is an exact accumulator at any length."""
-    rec = RecurrentArithmetic(1, 3, 3, kind="nac")
+    rec = RecurrentArithmetic(3, 3, ensemble=1, kind="nac")
     with torch.no_grad():
         eye = torch.eye(3)
         W = torch.cat([eye, eye])  # (in + out, out)
@@ -76,7 +80,7 @@ def test_recurrent_nac_with_identity_weights_counts_exactly():
 
 
 def test_masked_steps_keep_the_state():
-    ens = EnsembleLSTM(2, 3, 4)
+    ens = EnsembleLSTM(3, 4, ensemble=2)
     ens.reset_parameters(_gens(2))
     x = torch.randn(2, 1, 5, 3)
     mask = torch.tensor([[[True, True, False, False, False]]]).expand(2, 1, 5)
@@ -86,9 +90,9 @@ def test_masked_steps_keep_the_state():
 
 
 def test_members_do_not_depend_on_each_other_or_on_E():
-    big = EnsembleCNN(3, (8, 8), 4, channels=(2, 3), hidden=5)
+    big = EnsembleCNN((8, 8), 4, ensemble=3, channels=(2, 3), hidden=5)
     big.reset_parameters(member_generators([0, 1, 2]))
-    one = EnsembleCNN(1, (8, 8), 4, channels=(2, 3), hidden=5)
+    one = EnsembleCNN((8, 8), 4, ensemble=1, channels=(2, 3), hidden=5)
     one.reset_parameters(member_generators([2]))
     x = torch.rand(3, 6, 8, 8)
     y = big(x)
@@ -100,7 +104,7 @@ def test_members_do_not_depend_on_each_other_or_on_E():
 
 def test_ensemble_adam_equals_torch_adam_per_member():
     torch.manual_seed(0)
-    lin = EnsembleLinear(2, 3, 2)
+    lin = EnsembleLinear(3, 2, ensemble=2)
     lin.reset_parameters(_gens(2))
     refs = []
     for e in range(2):
@@ -122,7 +126,7 @@ def test_ensemble_adam_equals_torch_adam_per_member():
 
 
 def test_ensemble_adam_clips_per_member():
-    lin = EnsembleLinear(2, 1, 1, bias=False)
+    lin = EnsembleLinear(1, 1, ensemble=2, bias=False)
     with torch.no_grad():
         lin.weight.zero_()
     opt = EnsembleAdam(lin.parameters(), 2, 1.0, clip=1.0)
@@ -133,7 +137,7 @@ def test_ensemble_adam_clips_per_member():
 
 
 def test_best_state_restores_per_member():
-    lin = EnsembleLinear(3, 2, 2)
+    lin = EnsembleLinear(2, 2, ensemble=3)
     lin.reset_parameters(_gens(3))
     best = BestState(lin, 3)
     first = lin.weight.detach().clone()

@@ -35,12 +35,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import registry
-from .exp2_common import (add_backend_argument, fmt_ci, fmt_num, interval_summary, resolve_backend, resolve_device,
-                          run_options, seed_list, train_ensemble)
-from .mnist import DigitImages, load_digit_images
-from .recurrent_units import (EnsembleAdam, EnsembleCNN, EnsembleLinear, ensemble_gather, make_recurrent,
-                              member_generators)
+from .. import registry
+from ..parts.layers import EnsembleCNN, EnsembleLinear, ensemble_gather
+from ..parts.mnist_data import DigitImages, load_digit_images
+from ..parts.optim import EnsembleAdam
+from ..parts.seeding import member_generators
+from ..parts.sequence_models import make_recurrent
+from ..parts.training import train_sequence_ensemble
+from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting, task_model_configs
+from ..report import figure_lines, fmt_ci, fmt_num
+from ..stats import interval_summary
 
 NAME = "digits"
 TASKS = ("counting", "addition")
@@ -103,14 +107,14 @@ class DigitSequenceModel(nn.Module):
             raise ValueError(f"digits: model must be one of {MODELS}, got {model!r}")
         out = output_dim(task)
         self.kind = model
-        self.cnn = EnsembleCNN(ensemble, tuple(image_shape), 10, channels=tuple(channels), hidden=cnn_hidden)
-        self.code = EnsembleLinear(ensemble, 10, code)
+        self.cnn = EnsembleCNN(tuple(image_shape), 10, ensemble=ensemble, channels=tuple(channels), hidden=cnn_hidden)
+        self.code = EnsembleLinear(10, code, ensemble=ensemble)
         if model in ("nac", "nalu"):
             self.rec = make_recurrent(model, ensemble, code, out, backend=backend)
             self.readout = None
         else:
             self.rec = make_recurrent(model, ensemble, code, hidden)
-            self.readout = EnsembleLinear(ensemble, hidden, out)
+            self.readout = EnsembleLinear(hidden, out, ensemble=ensemble)
 
     def reset_parameters(self, seeds: Sequence[int]) -> None:
         self.cnn.reset_parameters(member_generators(seeds, 11))
@@ -236,10 +240,7 @@ def recurrent_weight_deviation(model: DigitSequenceModel) -> Optional[Tensor]:
 def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     p = {**BASE_PARAMS, **config.params}
     task, kind = p["task"], p["model"]
-    device = resolve_device(ctx)
-    dtype = getattr(torch, ctx.dtype or "float32")
-    backend = resolve_backend(config, ctx)
-    seeds = seed_list(config)
+    device, dtype, backend, seeds = run_setting(config, ctx)
     E = len(seeds)
     data: DigitImages = load_digit_images(p["mnist_dir"], max_train=p["max_train"]).to(device)
     cast = lambda t: t.to(dtype)  # noqa: E731
@@ -277,7 +278,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
         pred = model.aggregate(ensemble_gather(codes, val_idx.unsqueeze(0).expand(E, *val_idx.shape)))
         return ((pred - val_tgt) ** 2).mean(dim=(1, 2))
 
-    res = train_ensemble(ctx=ctx, model=model, opt=opt, ensemble=E, steps=config.steps, eval_every=int(p["eval_every"]),
+    res = train_sequence_ensemble(ctx=ctx, model=model, opt=opt, ensemble=E, steps=config.steps, eval_every=int(p["eval_every"]),
                          train_step=train_step, validate=validate, generators={f"data{i}": g for i, g in enumerate(gens)},
                          desc=f"digits {config.name}")
     n_seqs = {int(k): v for k, v in (p.get("test_seqs") or DEFAULT_TEST_SEQS).items()}
@@ -316,19 +317,9 @@ PROFILES = {
 }
 
 
-def make_configs(tasks: Sequence[str], models: Sequence[str], seeds: int, steps: int, **params) -> List[registry.Config]:
-    out = []
-    for task in tasks:
-        for m in models:
-            out.append(registry.Config(NAME, f"{task}-{m}", seeds, steps, {**params, "task": task, "model": m}))
-    return out
-
-
 def profile_configs(profile: str) -> List[registry.Config]:
-    if profile not in PROFILES:
-        raise ValueError(f"digits: unknown profile {profile!r}")
-    pr = PROFILES[profile]
-    return make_configs(TASKS, MODELS, pr["seeds"], pr["steps"], **pr.get("params", {}))
+    seeds, steps, params = profile_entry(NAME, PROFILES, profile)
+    return task_model_configs(NAME, TASKS, MODELS, seeds, steps, **params)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -372,7 +363,7 @@ def configs(args: argparse.Namespace) -> List[registry.Config]:
     if getattr(args, "max_train", None):
         params["max_train"] = int(args.max_train)
     seeds, steps = run_options(args, params, PROFILES["quick"])
-    return make_configs(tasks, models, seeds, steps, **params)
+    return task_model_configs(NAME, tasks, models, seeds, steps, **params)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -422,7 +413,7 @@ def _verdict(by: Dict[str, registry.ConfigResult], task: str, lengths: Sequence[
 
 
 def _plot(results: Sequence[registry.ConfigResult], out_dir: str, lengths: Sequence[int]) -> Optional[str]:
-    from .report import plt as pyplot, save_figure
+    from ..report import plt as pyplot, save_figure
 
     try:
         plt = pyplot()
@@ -530,21 +521,10 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
                  "at length 1000 even a perfect accumulator scores near 0% on addition unless the CNN is "
                  "essentially perfect; the relative error shows whether the recurrent layer itself extrapolates.")
     lines.append("")
-    png = _plot(results, out_dir, lengths)
-    if png:
-        lines.append(f"![accuracy and relative error against sequence length]({png})")
-        lines.append("")
+    lines += figure_lines(_plot(results, out_dir, lengths), "accuracy and relative error against sequence length")
     return "\n".join(lines)
 
 
-EXPERIMENT = registry.register(registry.Experiment(
-    name=NAME,
-    help="digit counting and addition over image sequences (Table 2): recurrent NAC/NALU vs LSTM/GRU",
-    configs=configs,
-    profile_configs=profile_configs,
-    run=run,
-    add_arguments=add_arguments,
-    summarize=interval_summary,
-    report_section=report_section,
-    order=50,
-))
+EXPERIMENT = register_task(__name__, name=NAME, order=50, summarize=interval_summary,
+                           help="digit counting and addition over image sequences (Table 2): "
+                                "recurrent NAC/NALU vs LSTM/GRU")

@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from . import arithmetic as ar
-from .ensemble import ACTIVATIONS, StackedNet, check_model, member_generators
-from .registry import Config, ConfigResult, Context, Experiment, RunOutput, default_summary, register
-from .training import EvalSet, train_ensemble
+from ..parts import arithmetic_data as ar
+from ..parts.arithmetic_models import ACTIVATIONS, StackedNet, check_model, member_generators
+from ..parts.training import EvalSet, train_ensemble
+from ..parts.uniform_stream import UniformStream
+from ..plugin import register_task
+from ..registry import Config, ConfigResult, Context, RunOutput, default_summary
 
-__all__ = ["EXPERIMENT", "identity_config", "run_identity", "IDENTITY_MODELS"]
+__all__ = ["EXPERIMENT", "identity_config", "run", "IDENTITY_MODELS"]
 
 MLP_NONLINEARITIES = ("none", "relu", "relu6", "sigmoid", "tanh", "hardtanh", "softsign", "elu", "selu", "prelu",
                       "leaky_relu", "softplus")
@@ -35,6 +38,34 @@ MILD = ("prelu", "elu")
 DEFAULTS: Dict[str, Any] = dict(train_range=[-5.0, 5.0], hidden=[8, 8, 8], lr=1e-2, batch=128, eval_every=500,
                                 n_valid=2000, fig_range=[-20.0, 20.0], fig_points=401, table_range=[-1000.0, 1000.0],
                                 n_table=10_000, seed_offset=0, data_seed=0, backend="auto")
+
+
+@dataclass(frozen=True)
+class IdentityParams:
+    """One configuration's parameters, parsed once from ``Config.params`` (the JSON form, whose
+    defaults are :data:`DEFAULTS`): ranges as :class:`~..parts.arithmetic_data.Range`."""
+
+    model: str
+    train_range: ar.Range
+    hidden: Tuple[int, ...]
+    lr: float
+    batch: int
+    eval_every: int
+    n_valid: int
+    fig_range: Tuple[float, float]
+    fig_points: int
+    table_range: ar.Range
+    n_table: int
+    seed_offset: int
+    data_seed: int
+    backend: str
+
+    @staticmethod
+    def from_params(params: Dict[str, Any]) -> "IdentityParams":
+        p = {**DEFAULTS, **params}
+        p.update(train_range=ar.as_range(p["train_range"], "training range"), hidden=tuple(p["hidden"]),
+                 fig_range=tuple(p["fig_range"]), table_range=ar.as_range(p["table_range"], "table range"))
+        return IdentityParams(**{f.name: p[f.name] for f in fields(IdentityParams)})
 
 
 def identity_config(model: str, seeds: int, steps: int, **params) -> Config:
@@ -64,17 +95,17 @@ def _net(model: str, sizes: Sequence[int], E: int, backend: str) -> StackedNet:
     return StackedNet("linear" if model == "none" else check_model(model, ACTIVATIONS), sizes, ensemble=E)
 
 
-def run_identity(cfg: Config, ctx: Context) -> RunOutput:
-    p = cfg.params
+def run(cfg: Config, ctx: Context) -> RunOutput:
+    p = IdentityParams.from_params(cfg.params)
     S = cfg.seeds
-    seeds = [p["seed_offset"] + s for s in range(S)]
+    seeds = [p.seed_offset + s for s in range(S)]
     dev = torch.device(ctx.device)
-    sizes = [1] + list(p["hidden"]) + [1]
-    model = _net(p["model"], sizes, S, p["backend"])
+    sizes = [1] + list(p.hidden) + [1]
+    model = _net(p.model, sizes, S, p.backend)
     model.reset_parameters(member_generators(seeds))
     model.to(dev)
-    train = ar.parse_range(p["train_range"])
-    stream = ar.UniformStream(seeds, (p["batch"], 1), train, chunk=64, prefetch=True)
+    train = p.train_range
+    stream = UniformStream(seeds, (p.batch, 1), train, chunk=64, prefetch=True)
 
     def batch_fn(step: int):
         x = stream.next().to(dev)
@@ -84,12 +115,12 @@ def run_identity(cfg: Config, ctx: Context) -> RunOutput:
         x = x.float().reshape(-1, 1)
         return EvalSet(name, x.to(dev), x.unsqueeze(0).expand(S, *x.shape).contiguous().to(dev))
 
-    rng = np.random.default_rng(ar.seed_for(p["data_seed"], "identity-valid"))
-    val = fixed("valid", torch.from_numpy(train.sample(rng, (p["n_valid"],))))
-    grid = torch.linspace(p["fig_range"][0], p["fig_range"][1], p["fig_points"], dtype=torch.float64)
+    rng = np.random.default_rng(ar.seed_for(p.data_seed, "identity-valid"))
+    val = fixed("valid", torch.from_numpy(train.sample(rng, (p.n_valid,))))
+    grid = torch.linspace(p.fig_range[0], p.fig_range[1], p.fig_points, dtype=torch.float64)
     fig = fixed("fig", grid)
     try:
-        res = train_ensemble(model, S, batch_fn, cfg.steps, val, [fig], lr=p["lr"], eval_every=p["eval_every"],
+        res = train_ensemble(model, S, batch_fn, cfg.steps, val, [fig], lr=p.lr, eval_every=p.eval_every,
                              ctx=ctx, desc=f"identity {cfg.name}",
                              stream_state=(stream.state_dict, stream.load_state_dict))
     finally:
@@ -99,8 +130,8 @@ def run_identity(cfg: Config, ctx: Context) -> RunOutput:
     with torch.no_grad():
         yf = model(fig.x.unsqueeze(0).expand(S, *fig.x.shape).contiguous()).double().cpu()[..., 0]  # (S, P)
         abs_err = (yf - grid.unsqueeze(0)).abs()
-        rng = np.random.default_rng(ar.seed_for(p["data_seed"], "identity-table"))
-        xt = torch.from_numpy(ar.parse_range(p["table_range"]).sample(rng, (p["n_table"],))).float().reshape(-1, 1)
+        rng = np.random.default_rng(ar.seed_for(p.data_seed, "identity-table"))
+        xt = torch.from_numpy(p.table_range.sample(rng, (p.n_table,))).float().reshape(-1, 1)
         yt = model(xt.unsqueeze(0).expand(S, *xt.shape).contiguous().to(dev)).double().cpu()[..., 0]
         mae_table = (yt - xt.double()[:, 0].unsqueeze(0)).abs().mean(1)
         xi = val.x.double().cpu()[:, 0]
@@ -110,7 +141,7 @@ def run_identity(cfg: Config, ctx: Context) -> RunOutput:
     records = []
     for k in range(S):
         records.append({
-            "seed": seeds[k], "model": p["model"], "diverged": bool(res.diverged[k]), "best_step": int(res.best_step[k]),
+            "seed": seeds[k], "model": p.model, "diverged": bool(res.diverged[k]), "best_step": int(res.best_step[k]),
             "interp_mae": float(mae_interp[k]), "fig_mae": float(abs_err[k].mean()),
             "fig_mae_outside": float(abs_err[k][~inside].mean()), "table_mae": float(mae_table[k]),
             "interp_mse": float(res.best_val[k]), "extrap_mse": float((abs_err[k] ** 2).mean()),
@@ -141,7 +172,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training range (default: -5 5)")
 
 
-def configs_from_args(args: argparse.Namespace) -> List[Config]:
+def configs(args: argparse.Namespace) -> List[Config]:
     models = list(IDENTITY_MODELS) if [m.lower() for m in args.model] == ["all"] else args.model
     seeds = 8 if args.seeds is None else args.seeds
     steps = 5000 if args.steps is None else args.steps
@@ -158,7 +189,7 @@ def profile_configs(profile: str) -> List[Config]:
 
 
 def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
-    from .report import claim_row, fmt_num, fmt_rate, md_table
+    from ..report import claim_row, fmt_num, fmt_rate, md_table
 
     out = ["## Identity function (Trask et al. Fig. 1 and Table 5)", ""]
     if not results:
@@ -217,7 +248,7 @@ def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
 
 
 def _plot_fig1(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]:
-    from .report import plt, save_figure
+    from ..report import plt, save_figure
 
     pyplot = plt()
     fig, ax = pyplot.subplots(figsize=(7.5, 4.5))
@@ -242,14 +273,6 @@ def _plot_fig1(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]:
     return save_figure(fig, out_dir, "identity_fig1.png")
 
 
-EXPERIMENT = register(Experiment(
-    name="identity",
-    help="identity function: MLPs with many nonlinearities vs NAC/NALU on y = x (Fig. 1, Table 5)",
-    configs=configs_from_args,
-    profile_configs=profile_configs,
-    run=run_identity,
-    add_arguments=add_arguments,
-    summarize=summarize,
-    report_section=report_section,
-    order=10,
-))
+EXPERIMENT = register_task(__name__, name="identity", order=10,
+                           help="identity function: MLPs with many nonlinearities vs NAC/NALU on y = x "
+                                "(Fig. 1, Table 5)")

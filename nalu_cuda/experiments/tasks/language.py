@@ -32,10 +32,15 @@ from torch import Tensor, nn
 
 import nalu_cuda
 
-from . import registry
-from .exp2_common import (add_backend_argument, fmt_ci, fmt_num, interval_summary, resolve_backend, resolve_device,
-                          run_options, seed_list, train_ensemble)
-from .recurrent_units import EnsembleAdam, EnsembleEmbedding, EnsembleLinear, EnsembleLSTM, member_generators
+from .. import registry
+from ..parts.layers import EnsembleEmbedding, EnsembleLinear
+from ..parts.optim import EnsembleAdam
+from ..parts.seeding import member_generators
+from ..parts.sequence_models import EnsembleLSTM
+from ..parts.training import train_sequence_ensemble
+from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting
+from ..report import figure_lines, fmt_ci, fmt_num
+from ..stats import interval_summary
 
 NAME = "language"
 HEADS = ("linear", "linear-sum", "nac", "nalu")
@@ -97,10 +102,10 @@ class NumberReader(nn.Module):
         if head not in HEADS:
             raise ValueError(f"language: head must be one of {HEADS}, got {head!r}")
         self.head_kind = head
-        self.embedding = EnsembleEmbedding(ensemble, len(VOCAB), emb)
-        self.lstm = EnsembleLSTM(ensemble, emb, hidden)
+        self.embedding = EnsembleEmbedding(len(VOCAB), emb, ensemble=ensemble)
+        self.lstm = EnsembleLSTM(emb, hidden, ensemble=ensemble)
         if head in ("linear", "linear-sum"):
-            self.head = EnsembleLinear(ensemble, hidden, 1)
+            self.head = EnsembleLinear(hidden, 1, ensemble=ensemble)
         elif head == "nac":
             self.head = nalu_cuda.NAC(hidden, 1, ensemble=ensemble, backend=backend)
         else:
@@ -178,10 +183,7 @@ def fig3_numbers(test: Sequence[int], k: int = 5) -> List[int]:
 def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     p = {**BASE_PARAMS, **config.params}
     head = p["head"]
-    device = resolve_device(ctx)
-    dtype = getattr(torch, ctx.dtype or "float32")
-    backend = resolve_backend(config, ctx)
-    seeds = seed_list(config)
+    device, dtype, backend, seeds = run_setting(config, ctx)
     lrs = [float(x) for x in p["lrs"]]
     sizes = [tuple(int(v) for v in s) for s in p["sizes"]]
     split = make_split(int(p["split_seed"]))
@@ -225,7 +227,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
         def validate() -> Tensor:
             return ((model.predict(va_tok, va_mask) - va_y) ** 2).mean(-1)
 
-        res = train_ensemble(ctx=sub, model=model, opt=opt, ensemble=E, steps=config.steps,
+        res = train_sequence_ensemble(ctx=sub, model=model, opt=opt, ensemble=E, steps=config.steps,
                              eval_every=int(p["eval_every"]), train_step=train_step, validate=validate,
                              desc=f"language {head} {emb}x{hidden}")
         with torch.no_grad():
@@ -306,10 +308,8 @@ def make_configs(heads: Sequence[str], seeds: int, steps: int, **params) -> List
 
 
 def profile_configs(profile: str) -> List[registry.Config]:
-    if profile not in PROFILES:
-        raise ValueError(f"language: unknown profile {profile!r}")
-    pr = PROFILES[profile]
-    return make_configs(HEADS, pr["seeds"], pr["steps"], **pr["params"])
+    seeds, steps, params = profile_entry(NAME, PROFILES, profile)
+    return make_configs(HEADS, seeds, steps, **params)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -421,7 +421,7 @@ def _plot_fig3(by: Dict[str, registry.ConfigResult], out_dir: str) -> Optional[s
     nalu = by.get("nalu")
     if nalu is None or not (nalu.extra or {}).get("fig3"):
         return None
-    from .report import plt as pyplot, save_figure
+    from ..report import plt as pyplot, save_figure
 
     try:
         plt = pyplot()
@@ -496,21 +496,9 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
                 if it["number"] in f3:
                     lines.append(f"| {LABELS[h]} | " + " | ".join(f"{x:.1f}" for x in f3[it["number"]]["running"]) + " |")
             lines.append("")
-        png = _plot_fig3(by, out_dir)
-        if png:
-            lines.append(f"![running estimates after each token]({png})")
-            lines.append("")
+        lines += figure_lines(_plot_fig3(by, out_dir), "running estimates after each token")
     return "\n".join(lines)
 
 
-EXPERIMENT = registry.register(registry.Experiment(
-    name=NAME,
-    help="language to number (Table 3, Fig. 3): embedding -> LSTM -> linear / NAC / NALU",
-    configs=configs,
-    profile_configs=profile_configs,
-    run=run,
-    add_arguments=add_arguments,
-    summarize=interval_summary,
-    report_section=report_section,
-    order=60,
-))
+EXPERIMENT = register_task(__name__, name=NAME, order=60, summarize=interval_summary,
+                           help="language to number (Table 3, Fig. 3): embedding -> LSTM -> linear / NAC / NALU")

@@ -8,7 +8,7 @@ of :data:`ACTIVATIONS`, LSTM and GRU cells) are plain PyTorch with batched matri
 
 ``reset_parameters(generators)`` initialises member ``e`` from ``generators[e]`` (one
 ``torch.Generator`` for a plain model), visiting the layers in a fixed order, so that a member
-equals the single model initialised with the same generator (see :func:`member_generators`).
+equals the single model initialised with the same generator (see :func:`.seeding.member_generators`).
 
 Model names (``--model``) for the arithmetic tasks, all with hidden size 2 as in Madsen &
 Johansen (2020); a model is ``first layer -> second layer``:
@@ -30,8 +30,8 @@ learned initial state (zeros at initialisation), and the second layer reads the 
 """
 from __future__ import annotations
 
-import math
-from typing import List, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -39,11 +39,15 @@ from torch import Tensor, nn
 
 import nalu_cuda
 
-from .arithmetic import seed_for
+from .layers import EnsembleLinear, GatedCell, Generators, lead_shape
+from .seeding import member_generators  # noqa: F401  (re-exported: the tasks' one seeding function)
 
 __all__ = [
     "ACTIVATIONS",
     "ARITHMETIC_MODELS",
+    "ARITHMETIC_UNITS",
+    "ArithmeticUnit",
+    "training_hooks",
     "MLP_MODELS",
     "RECURRENT_MODELS",
     "member_generators",
@@ -62,79 +66,6 @@ __all__ = [
 ACTIVATIONS = ("none", "relu", "relu6", "sigmoid", "tanh", "hardtanh", "softsign", "elu", "selu", "prelu",
                "leaky_relu", "softplus")
 
-NALU_VARIANTS = {
-    "nalu": dict(tied=True, gate="input"),
-    "nalu-separate": dict(tied=False, gate="input"),
-    "nalu-indgate": dict(tied=True, gate="independent"),
-    "nalu-separate-indgate": dict(tied=False, gate="independent"),
-}
-ARITHMETIC_MODELS = ("nac", "nac-mul") + tuple(NALU_VARIANTS)
-MLP_MODELS = ("linear",) + tuple(a for a in ACTIVATIONS if a != "none")
-RECURRENT_MODELS = ARITHMETIC_MODELS + ("lstm", "gru")
-
-Generators = Union[None, torch.Generator, Sequence[torch.Generator]]
-
-
-def member_generators(seeds: Sequence[int], purpose: str = "init") -> List[torch.Generator]:
-    """One CPU generator per seed; ``purpose`` separates independent uses of one seed."""
-    return [torch.Generator().manual_seed(seed_for(int(s), purpose)) for s in seeds]
-
-
-def _per_member(ensemble: Optional[int], generator: Generators):
-    """[(index, generator)] as in nalu_cuda's layers: index () for a plain module."""
-    if ensemble is None:
-        if isinstance(generator, (list, tuple)):
-            if len(generator) != 1:
-                raise ValueError(f"a plain model takes one generator, got {len(generator)}")
-            generator = generator[0]
-        return [((), generator)]
-    if generator is None or isinstance(generator, torch.Generator):
-        return [((e,), generator) for e in range(ensemble)]
-    gens = list(generator)
-    if len(gens) != ensemble:
-        raise ValueError(f"expected {ensemble} generators (one per member), got {len(gens)}")
-    return [((e,), g) for e, g in enumerate(gens)]
-
-
-def _lead(ensemble: Optional[int]):
-    return () if ensemble is None else (ensemble,)
-
-
-def _bmm(x: Tensor, W: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """``x W (+ bias)``: plain (W ``(I, O)``) or per member (W ``(E, I, O)``, x ``(E, ..., I)``)."""
-    if W.dim() == 2:
-        return F.linear(x, W.t(), bias) if bias is not None else x @ W
-    E, I, O = W.shape
-    x3 = x.reshape(E, -1, I)
-    out = torch.baddbmm(bias.unsqueeze(1), x3, W) if bias is not None else torch.bmm(x3, W)
-    return out.reshape(*x.shape[:-1], O)
-
-
-class EnsembleLinear(nn.Module):
-    """``y = x W + b`` with ``W`` of shape ``([E,] in, out)``; PyTorch's default initialisation."""
-
-    def __init__(self, in_features: int, out_features: int, *, bias: bool = True, ensemble: Optional[int] = None):
-        super().__init__()
-        self.in_features, self.out_features, self.ensemble = in_features, out_features, ensemble
-        self.weight = nn.Parameter(torch.empty(*_lead(ensemble), in_features, out_features))
-        self.bias = nn.Parameter(torch.empty(*_lead(ensemble), out_features)) if bias else None
-        self.reset_parameters()
-
-    @torch.no_grad()
-    def reset_parameters(self, generator: Generators = None) -> None:
-        bound = 1.0 / math.sqrt(self.in_features)  # kaiming_uniform(a=sqrt(5)), as nn.Linear
-        for idx, g in _per_member(self.ensemble, generator):
-            self.weight[idx].uniform_(-bound, bound, generator=g)
-            if self.bias is not None:
-                self.bias[idx].uniform_(-bound, bound, generator=g)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return _bmm(x, self.weight, self.bias)
-
-    def extra_repr(self) -> str:
-        ens = "" if self.ensemble is None else f", ensemble={self.ensemble}"
-        return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}{ens}"
-
 
 class Activation(nn.Module):
     """One of :data:`ACTIVATIONS`; ``prelu`` has one slope per member (initialised 0.25)."""
@@ -144,7 +75,7 @@ class Activation(nn.Module):
         if name not in ACTIVATIONS:
             raise ValueError(f"unknown activation {name!r}; choose from {', '.join(ACTIVATIONS)}")
         self.name, self.ensemble = name, ensemble
-        self.slope = nn.Parameter(torch.full(_lead(ensemble) or (1,), 0.25)) if name == "prelu" else None
+        self.slope = nn.Parameter(torch.full(lead_shape(ensemble) or (1,), 0.25)) if name == "prelu" else None
 
     @torch.no_grad()
     def reset_parameters(self, generator: Generators = None) -> None:
@@ -193,14 +124,69 @@ class EnsembleMLP(nn.Module):
         return self.layers(x)
 
 
+@dataclass(frozen=True)
+class ArithmeticUnit:
+    """One entry of :data:`ARITHMETIC_UNITS`: how a model name builds its arithmetic layers.
+
+    ``layer(in, out, *, ensemble, backend, eps, last)`` builds one layer (``last``: the model's
+    output layer). Two optional training hooks, for units that need them (none of today's do):
+    ``regularizer(model)`` gives a per-member penalty ``(E,)`` that the trainer adds to each
+    member's loss; ``project(model)`` runs after every optimiser step (under ``no_grad``), e.g. to
+    clamp weights into their allowed range. A new unit (NAU, NMU, ...) is one entry here.
+    """
+
+    layer: Callable[..., nn.Module]
+    regularizer: Optional[Callable[[nn.Module], Tensor]] = None
+    project: Optional[Callable[[nn.Module], None]] = None
+
+
+def _nac(i: int, o: int, *, ensemble, backend: str, eps: float, last: bool) -> nn.Module:
+    return nalu_cuda.NAC(i, o, ensemble=ensemble, backend=backend)
+
+
+def _nac_mul(i: int, o: int, *, ensemble, backend: str, eps: float, last: bool) -> nn.Module:
+    """Madsen's "NAC-mul": NAC+ layers, a NAC* output layer."""
+    if not last:
+        return _nac(i, o, ensemble=ensemble, backend=backend, eps=eps, last=last)
+    return nalu_cuda.NACMul(i, o, eps=eps, ensemble=ensemble, backend=backend)
+
+
+def _nalu(tied: bool, gate: str) -> Callable[..., nn.Module]:
+    def layer(i: int, o: int, *, ensemble, backend: str, eps: float, last: bool) -> nn.Module:
+        return nalu_cuda.NALU(i, o, eps=eps, ensemble=ensemble, backend=backend, tied=tied, gate=gate)
+
+    return layer
+
+
+ARITHMETIC_UNITS: Dict[str, ArithmeticUnit] = {
+    "nac": ArithmeticUnit(_nac),
+    "nac-mul": ArithmeticUnit(_nac_mul),
+    "nalu": ArithmeticUnit(_nalu(tied=True, gate="input")),
+    "nalu-separate": ArithmeticUnit(_nalu(tied=False, gate="input")),
+    "nalu-indgate": ArithmeticUnit(_nalu(tied=True, gate="independent")),
+    "nalu-separate-indgate": ArithmeticUnit(_nalu(tied=False, gate="independent")),
+}
+ARITHMETIC_MODELS = tuple(ARITHMETIC_UNITS)
+MLP_MODELS = ("linear",) + tuple(a for a in ACTIVATIONS if a != "none")
+RECURRENT_MODELS = ARITHMETIC_MODELS + ("lstm", "gru")
+
+
 def _arith_layer(kind: str, i: int, o: int, ensemble, backend: str, last: bool, eps: float) -> nn.Module:
-    if kind == "nac" or (kind == "nac-mul" and not last):
-        return nalu_cuda.NAC(i, o, ensemble=ensemble, backend=backend)
-    if kind == "nac-mul":
-        return nalu_cuda.NACMul(i, o, eps=eps, ensemble=ensemble, backend=backend)
-    if kind in NALU_VARIANTS:
-        return nalu_cuda.NALU(i, o, eps=eps, ensemble=ensemble, backend=backend, **NALU_VARIANTS[kind])
-    raise ValueError(f"unknown arithmetic model {kind!r}")
+    return ARITHMETIC_UNITS[kind].layer(i, o, ensemble=ensemble, backend=backend, eps=eps, last=last)
+
+
+def training_hooks(model: nn.Module) -> Dict[str, Callable]:
+    """The trainer's ``regularizer`` / ``project`` arguments for a :class:`StackedNet` or
+    :class:`RecurrentNet` (empty for MLPs, LSTMs and today's units)."""
+    unit = ARITHMETIC_UNITS.get(getattr(model, "model", ""))
+    if unit is None:
+        return {}
+    hooks = {}
+    if unit.regularizer is not None:
+        hooks["regularizer"] = lambda: unit.regularizer(model)
+    if unit.project is not None:
+        hooks["project"] = lambda: unit.project(model)
+    return hooks
 
 
 def check_model(name: str, allowed: Sequence[str]) -> str:
@@ -248,40 +234,30 @@ def build_static_model(model: str, input_size: int = 100, hidden: int = 2, *, en
 # ------------------------------------------------------------------------------------------------
 
 
-class _GatedCell(nn.Module):
-    """LSTM or GRU cell with weights ``([E,] in + H, k H)``; PyTorch's U(-1/sqrt(H), 1/sqrt(H)) init."""
+class StepCell(GatedCell):
+    """The recurrent task's LSTM or GRU cell: both projections with bias, PyTorch's gate equations,
+    one step at a time with an explicit state (``(h, c)`` for the LSTM)."""
+
+    H2H_BIAS = True
+    # the published streams draw, per member, W_x, W_h, then b_x, b_h
+    INIT_ORDER = ("x2h.weight", "h2h.weight", "x2h.bias", "h2h.bias")
 
     def __init__(self, kind: str, input_size: int, hidden: int, ensemble: Optional[int]):
-        super().__init__()
-        self.kind, self.hidden, self.ensemble = kind, hidden, ensemble
-        k = 4 if kind == "lstm" else 3
-        self.W_x = nn.Parameter(torch.empty(*_lead(ensemble), input_size, k * hidden))
-        self.W_h = nn.Parameter(torch.empty(*_lead(ensemble), hidden, k * hidden))
-        self.b_x = nn.Parameter(torch.empty(*_lead(ensemble), k * hidden))
-        self.b_h = nn.Parameter(torch.empty(*_lead(ensemble), k * hidden))
-        self.reset_parameters()
-
-    @torch.no_grad()
-    def reset_parameters(self, generator: Generators = None) -> None:
-        bound = 1.0 / math.sqrt(self.hidden)
-        for idx, g in _per_member(self.ensemble, generator):
-            for p in (self.W_x, self.W_h, self.b_x, self.b_h):
-                p[idx].uniform_(-bound, bound, generator=g)
+        self.kind, self.GATES = kind, (4 if kind == "lstm" else 3)
+        super().__init__(input_size, hidden, ensemble=ensemble)
 
     def forward(self, x: Tensor, state):
-        H = self.hidden
+        H = self.hidden_size
         if self.kind == "lstm":
             h, c = state
-            z = _bmm(x, self.W_x, self.b_x) + _bmm(h, self.W_h, self.b_h)
+            z = self.x2h(x) + self.h2h(h)
             i, f, g, o = z.split(H, dim=-1)
             c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
             h = torch.sigmoid(o) * torch.tanh(c)
             return h, (h, c)
         h = state
-        zx = _bmm(x, self.W_x, self.b_x)
-        zh = _bmm(h, self.W_h, self.b_h)
-        rx, ux, nx = zx.split(H, dim=-1)
-        rh, uh, nh = zh.split(H, dim=-1)
+        rx, ux, nx = self.x2h(x).split(H, dim=-1)
+        rh, uh, nh = self.h2h(h).split(H, dim=-1)
         r = torch.sigmoid(rx + rh)
         u = torch.sigmoid(ux + uh)
         n = torch.tanh(nx + r * nh)
@@ -303,9 +279,9 @@ class RecurrentNet(nn.Module):
         self.model = check_model(model, RECURRENT_MODELS)
         self.ensemble, self.hidden = ensemble, hidden
         n_states = 2 if self.model == "lstm" else 1
-        self.h0 = nn.Parameter(torch.zeros(*_lead(ensemble), n_states, hidden))
+        self.h0 = nn.Parameter(torch.zeros(*lead_shape(ensemble), n_states, hidden))
         if self.model in ("lstm", "gru"):
-            self.cell = _GatedCell(self.model, input_size, hidden, ensemble)
+            self.cell = StepCell(self.model, input_size, hidden, ensemble)
             self.out = EnsembleLinear(hidden, 1, ensemble=ensemble)
         else:
             self.cell = _arith_layer(self.model, input_size + hidden, hidden, ensemble, backend, False, eps)

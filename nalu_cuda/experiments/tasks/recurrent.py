@@ -4,30 +4,34 @@ The static task summed over time: ``x_1..x_T`` in R^10, ``a`` and ``b`` the sums
 overlapping subsets of every ``x_t`` over all steps, target ``op(a, b)``. Training and
 interpolation at length 10, extrapolation at length 1000 (same input range, far larger sums).
 
-Models (:class:`~nalu_cuda.experiments.ensemble.RecurrentNet`): a recurrent NAC/NALU cell over
+Models (:class:`~nalu_cuda.experiments.parts.arithmetic_models.RecurrentNet`): a recurrent NAC/NALU cell over
 ``concat(x_t, h_{t-1})`` (hidden size 2, learned initial state) with a second NAC/NALU on the final
 state, "two stacked" units as in the paper; LSTM and GRU baselines with a linear read-out.
 
 Success uses the same idea as Madsen & Johansen's static criterion: the extrapolation MSE at the
 best-validation step is below that of an epsilon-perfect recurrent accumulator
-(:func:`~nalu_cuda.experiments.arithmetic.recurrent_mse_threshold`; no published threshold exists
+(:func:`~nalu_cuda.experiments.parts.arithmetic_data.recurrent_mse_threshold`; no published threshold exists
 for this task, so there is nothing to compare it with).
 """
 from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from . import arithmetic as ar
-from .ensemble import RECURRENT_MODELS, build_recurrent_model, check_model, member_generators, sparsity_error
-from .registry import Config, ConfigResult, Context, Experiment, RunOutput, default_summary, register
-from .training import EvalSet, evaluate_mse, train_ensemble
+from ..parts import arithmetic_data as ar
+from ..parts.arithmetic_models import (RECURRENT_MODELS, build_recurrent_model, check_model, member_generators,
+                                       sparsity_error, training_hooks)
+from ..parts.training import EvalSet, evaluate_mse, train_ensemble
+from ..parts.uniform_stream import SumTargets, UniformStream
+from ..plugin import register_task
+from ..registry import Config, ConfigResult, Context, RunOutput, default_summary
 
-__all__ = ["EXPERIMENT", "recurrent_config", "run_recurrent"]
+__all__ = ["EXPERIMENT", "recurrent_config", "RecurrentParams", "run"]
 
 DEFAULTS: Dict[str, Any] = dict(
     interp=[[1.0, 2.0]], extrap=[[1.0, 2.0]], input_size=10, subset_ratio=0.25, overlap_ratio=0.5, hidden=2,
@@ -37,9 +41,29 @@ DEFAULTS: Dict[str, Any] = dict(
 )
 
 
-def _range(r) -> ar.Range:
-    flat = [v for pair in r for v in pair]
-    return ar.parse_range(flat, "range")
+@dataclass(frozen=True)
+class RecurrentParams(ar.TaskParams):
+    """One configuration's parameters, parsed once from ``Config.params`` (defaults :data:`DEFAULTS`)."""
+
+    rnn_hidden: int
+    train_length: int
+    extrap_length: int
+    n_extrap: int
+    clip: Optional[float]
+    curve_lengths: Tuple[int, ...]
+
+    @classmethod
+    def from_params(cls, params: Dict[str, Any]) -> "RecurrentParams":
+        return super().from_params(params, DEFAULTS)
+
+    @staticmethod
+    def _parse(p: Dict[str, Any]) -> None:
+        p["curve_lengths"] = tuple(int(v) for v in p["curve_lengths"])
+
+    @property
+    def cell_hidden(self) -> int:
+        """The recurrent layer's size: ``rnn_hidden`` for the LSTM/GRU baselines, else ``hidden``."""
+        return self.rnn_hidden if self.model in ("lstm", "gru") else self.hidden
 
 
 def recurrent_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, name: Optional[str] = None,
@@ -57,8 +81,7 @@ def recurrent_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, 
         raise ValueError(f"--steps must be at least 1, got {steps}")
     p = dict(DEFAULTS)
     p.update({k: v for k, v in params.items() if v is not None})
-    interp = _range(p["interp"]) if not isinstance(p["interp"], ar.Range) else p["interp"]
-    extrap = _range(p["extrap"]) if not isinstance(p["extrap"], ar.Range) else p["extrap"]
+    interp, extrap = ar.as_range(p["interp"], "interpolation range"), ar.as_range(p["extrap"], "extrapolation range")
     if p["extrap_length"] <= p["train_length"] and interp.contains(extrap):
         raise ValueError(f"extrapolation (range {extrap}, length {p['extrap_length']}) lies inside training "
                          f"(range {interp}, length {p['train_length']}): make the sequences longer or the range wider")
@@ -83,24 +106,24 @@ def _shared_targets(x: torch.Tensor, masks: torch.Tensor, ops: Sequence[str]) ->
     return torch.cat([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 0).unsqueeze(-1).float()
 
 
-def run_recurrent(cfg: Config, ctx: Context) -> RunOutput:
-    p = cfg.params
+def run(cfg: Config, ctx: Context) -> RunOutput:
+    p = RecurrentParams.from_params(cfg.params)
     torch.manual_seed(0)
-    ops = p["ops"]
+    ops = p.ops
     S = cfg.seeds
-    seeds = [p["seed_offset"] + s for s in range(S)]
+    seeds = [p.seed_offset + s for s in range(S)]
     E = len(ops) * S
     member_seeds = [s for _ in ops for s in seeds]
-    I, T, L = p["input_size"], p["train_length"], p["extrap_length"]
-    interp, extrap = _range(p["interp"]), _range(p["extrap"])
+    I, T, L = p.input_size, p.train_length, p.extrap_length
+    interp, extrap = p.interp, p.extrap
     dev = torch.device(ctx.device)
-    masks = torch.stack([ar.subset_layout(s, I, p["subset_ratio"], p["overlap_ratio"]).mask() for s in seeds])
-    hidden = p["rnn_hidden"] if p["model"] in ("lstm", "gru") else p["hidden"]
-    model = build_recurrent_model(p["model"], I, hidden, ensemble=E, backend=p["backend"], eps=p["eps"])
+    masks = torch.stack([ar.subset_layout(s, I, p.subset_ratio, p.overlap_ratio).mask() for s in seeds])
+    hidden = p.cell_hidden
+    model = build_recurrent_model(p.model, I, hidden, ensemble=E, backend=p.backend, eps=p.eps)
     model.reset_parameters(member_generators(member_seeds))
     model.to(dev)
-    stream = ar.UniformStream(seeds, (p["batch"], T, I), interp, chunk=8, prefetch=True,
-                              transform=ar.SumTargets(masks.numpy(), ops))
+    stream = UniformStream(seeds, (p.batch, T, I), interp, chunk=8, prefetch=True,
+                              transform=SumTargets(masks.numpy(), ops))
 
     def batch_fn(step: int):
         x, t = stream.next()
@@ -108,20 +131,21 @@ def run_recurrent(cfg: Config, ctx: Context) -> RunOutput:
         return (x if len(ops) == 1 else x.repeat(len(ops), 1, 1, 1)), t
 
     def fixed(name: str, rng_range: ar.Range, n: int, length: int) -> EvalSet:
-        rng = np.random.default_rng(ar.seed_for(p["data_seed"], f"rec-{name}"))
+        rng = np.random.default_rng(ar.seed_for(p.data_seed, f"rec-{name}"))
         x = torch.from_numpy(rng_range.sample(rng, (n, length, I))).float()
         return EvalSet(name, x.to(dev), _shared_targets(x, masks, ops).to(dev), batch=512, shared=True)
 
-    val = fixed("valid", interp, p["n_valid"], T)
-    test_i = fixed("interp-test", interp, p["n_test"], T)
-    test_x = fixed("extrap-test", extrap, p["n_extrap"], L)
-    thresholds = {op: ar.recurrent_mse_threshold(op, extrap, L, I, p["subset_ratio"], p["overlap_ratio"],
-                                                 samples=p["threshold_samples"]) for op in ops}
+    val = fixed("valid", interp, p.n_valid, T)
+    test_i = fixed("interp-test", interp, p.n_test, T)
+    test_x = fixed("extrap-test", extrap, p.n_extrap, L)
+    thresholds = {op: ar.recurrent_mse_threshold(op, extrap, L, I, p.subset_ratio, p.overlap_ratio,
+                                                 samples=p.threshold_samples) for op in ops}
     thr = torch.tensor([thresholds[op] for op in ops for _ in seeds], dtype=torch.float64)
     try:
-        res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p["lr"], eval_every=p["eval_every"],
+        res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p.lr, eval_every=p.eval_every,
                              threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"recurrent {cfg.name}",
-                             clip=p["clip"], stream_state=(stream.state_dict, stream.load_state_dict))
+                             clip=p.clip, stream_state=(stream.state_dict, stream.load_state_dict),
+                             **training_hooks(model))
     finally:
         stream.close()
     model.load_state_dict(res.best_state)
@@ -135,12 +159,13 @@ def run_recurrent(cfg: Config, ctx: Context) -> RunOutput:
         op = ops[k // S]
         im, xm = float(interp_mse[k]), float(extrap_mse[k])
         records.append({
-            "seed": member_seeds[k], "model": p["model"], "op": op, "success": bool(math.isfinite(xm) and xm < thresholds[op]),
+            "seed": member_seeds[k], "model": p.model, "op": op, "success": bool(math.isfinite(xm) and xm < thresholds[op]),
             "diverged": bool(res.diverged[k]),
             "solved_at": int(res.solved_at[k]) if int(res.solved_at[k]) >= 0 else None,
             "best_step": int(res.best_step[k]), "valid_mse": float(res.best_val[k]),
             "interp_mse": im, "extrap_mse": xm,
-            "interp_error": _norm(im, base[op][0]), "extrap_error": _norm(xm, base[op][1]),
+            "interp_error": ar.normalised_error(im, base[op][0]),
+            "extrap_error": ar.normalised_error(xm, base[op][1]),
             "sparsity_error": None if sparsity is None else float(sparsity[k]),
             "threshold": thresholds[op], "final_train_loss": float(res.final_loss[k]),
         })
@@ -149,26 +174,20 @@ def run_recurrent(cfg: Config, ctx: Context) -> RunOutput:
     return RunOutput(records, extra)
 
 
-def _norm(mse: float, base: float) -> Optional[float]:
-    if not (math.isfinite(mse) and base and math.isfinite(base) and base > 0):
-        return None
-    return 100.0 * mse / base
-
-
 BASELINE_ROWS = 200
 
 
 @torch.no_grad()
-def _baseline(p, ops, test_i: EvalSet, test_x: EvalSet, dev) -> Dict[str, tuple]:
+def _baseline(p: RecurrentParams, ops, test_i: EvalSet, test_x: EvalSet, dev) -> Dict[str, tuple]:
     """Mean MSE of randomly initialised models (own layouts), per operation: the paper's 100."""
-    R = int(p["baseline_models"])
+    R = p.baseline_models
     bseeds = [10_000_000 + r for r in range(R)]
-    I = p["input_size"]
-    hidden = p["rnn_hidden"] if p["model"] in ("lstm", "gru") else p["hidden"]
-    model = build_recurrent_model(p["model"], I, hidden, ensemble=R, backend=p["backend"], eps=p["eps"])
+    I = p.input_size
+    hidden = p.cell_hidden
+    model = build_recurrent_model(p.model, I, hidden, ensemble=R, backend=p.backend, eps=p.eps)
     model.reset_parameters(member_generators(bseeds))
     model.to(dev).eval()
-    masks = torch.stack([ar.subset_layout(s, I, p["subset_ratio"], p["overlap_ratio"]).mask() for s in bseeds])
+    masks = torch.stack([ar.subset_layout(s, I, p.subset_ratio, p.overlap_ratio).mask() for s in bseeds])
     out = {op: [] for op in ops}
     for ev in (test_i, test_x):
         # The mean of random models is stable on a few hundred samples; long sequences are costly.
@@ -183,13 +202,13 @@ def _baseline(p, ops, test_i: EvalSet, test_x: EvalSet, dev) -> Dict[str, tuple]
 
 
 @torch.no_grad()
-def _length_curve(model, p, ops, masks, interp, S, dev, diverged, n: int = 500) -> Dict[str, Any]:
+def _length_curve(model, p: RecurrentParams, ops, masks, interp, S, dev, diverged, n: int = 500) -> Dict[str, Any]:
     E = len(ops) * S
-    lengths = [int(v) for v in p["curve_lengths"]]
+    lengths = list(p.curve_lengths)
     med: Dict[str, List[Optional[float]]] = {op: [] for op in ops}
     for length in lengths:
-        rng = np.random.default_rng(ar.seed_for(p["data_seed"], f"rec-curve-{length}"))
-        x = torch.from_numpy(interp.sample(rng, (n, length, p["input_size"]))).float()
+        rng = np.random.default_rng(ar.seed_for(p.data_seed, f"rec-curve-{length}"))
+        x = torch.from_numpy(interp.sample(rng, (n, length, p.input_size))).float()
         mse = evaluate_mse(model, EvalSet("curve", x.to(dev), _shared_targets(x, masks, ops).to(dev), batch=500,
                                           shared=True), E)
         for j, op in enumerate(ops):
@@ -219,7 +238,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("auto", "fused", "reference"), default="auto")
 
 
-def configs_from_args(args: argparse.Namespace) -> List[Config]:
+def configs(args: argparse.Namespace) -> List[Config]:
     ops = list(ar.OPS) if [o.lower() for o in args.op] == ["all"] else args.op
     seeds = 8 if args.seeds is None else args.seeds
     steps = 20_000 if args.steps is None else args.steps
@@ -254,14 +273,14 @@ def summarize(cfg: Config, records: List[Dict[str, Any]], extra: Dict[str, Any])
         for k in ("ops", "baseline_models", "threshold_samples", "n_valid", "n_test", "n_extrap", "data_seed",
                   "seed_offset", "curve_lengths"):
             s.pop(k, None)
-        s.update({"op": op, "interp": str(_range(p["interp"])), "extrap": str(_range(p["extrap"])),
+        s.update({"op": op, "interp": str(ar.as_range(p["interp"])), "extrap": str(ar.as_range(p["extrap"])),
                   "threshold": extra["thresholds"][op], "seeds": len(recs)})
         out.append(s)
     return out
 
 
 def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
-    from .report import claim_row, fmt_num, fmt_rate, md_table
+    from ..report import claim_row, fmt_num, fmt_rate, md_table
 
     out = ["## Recurrent arithmetic (Trask et al. Table 1, bottom)", ""]
     summ = [s for r in results for s in (r.summaries or [r.summary])]
@@ -307,36 +326,13 @@ def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
 
 
 def _plot_lengths(results, out_dir) -> Optional[str]:
-    from .report import op_grid, save_figure
+    from ..report import plot_per_op
 
     curves = [(r.config.params["model"], op, r.extra["length_curve"]["lengths"], med)
               for r in results if r.extra.get("length_curve") for op, med in r.extra["length_curve"]["median_mse"].items()]
-    if not curves:
-        return None
-    ops = [op for op in ar.OPS if any(c[1] == op for c in curves)]
-    fig, panels = op_grid(len(ops))
-    for op, ax in zip(ops, panels):
-        for model, cop, lengths, med in curves:
-            if cop == op:
-                ax.plot(lengths, [m if (m is not None and m > 0) else float("nan") for m in med], marker="o", ms=3,
-                        label=model)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_title(ar.OP_SYMBOLS[op])
-        ax.set_xlabel("sequence length")
-        ax.set_ylabel("median MSE")
-        ax.legend(fontsize=7)
-    return save_figure(fig, out_dir, "recurrent_error_vs_length.png")
+    return plot_per_op(curves, out_dir, "recurrent_error_vs_length.png", "sequence length")
 
 
-EXPERIMENT = register(Experiment(
-    name="recurrent",
-    help="recurrent arithmetic: sums over time steps, train length 10, test length 1000 (Table 1)",
-    configs=configs_from_args,
-    profile_configs=profile_configs,
-    run=run_recurrent,
-    add_arguments=add_arguments,
-    summarize=summarize,
-    report_section=report_section,
-    order=30,
-))
+EXPERIMENT = register_task(__name__, name="recurrent", order=30,
+                           help="recurrent arithmetic: sums over time steps, train length 10, "
+                                "test length 1000 (Table 1)")

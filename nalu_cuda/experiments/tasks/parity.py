@@ -29,11 +29,15 @@ from torch import Tensor, nn
 
 import nalu_cuda
 
-from . import registry
-from .exp2_common import (add_backend_argument, fmt_ci, interval_summary, resolve_backend, resolve_device,
-                          run_options, seed_list, train_ensemble)
-from .mnist import load_digit_images
-from .recurrent_units import EnsembleAdam, EnsembleCNN, EnsembleLinear, member_generators
+from .. import registry
+from ..parts.layers import EnsembleCNN, EnsembleLinear
+from ..parts.mnist_data import load_digit_images
+from ..parts.optim import EnsembleAdam
+from ..parts.seeding import member_generators
+from ..parts.training import train_sequence_ensemble
+from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting
+from ..report import fmt_ci
+from ..stats import interval_summary
 
 NAME = "parity"
 FINALS = ("affine", "nac", "nac-bias", "linear-nobias")
@@ -61,12 +65,12 @@ class ParityModel(nn.Module):
         if final not in FINALS:
             raise ValueError(f"parity: final must be one of {FINALS}, got {final!r}")
         self.final_kind = final
-        self.cnn = EnsembleCNN(ensemble, tuple(image_shape), 0, channels=tuple(channels), hidden=hidden, final=False)
+        self.cnn = EnsembleCNN(tuple(image_shape), 0, ensemble=ensemble, channels=tuple(channels), hidden=hidden, final=False)
         if final in ("nac", "nac-bias"):
             self.final = nalu_cuda.NAC(hidden, 2, ensemble=ensemble, backend=backend)
             self.bias = nn.Parameter(torch.zeros(ensemble, 2)) if final == "nac-bias" else None
         else:
-            self.final = EnsembleLinear(ensemble, hidden, 2, bias=(final == "affine"))
+            self.final = EnsembleLinear(hidden, 2, ensemble=ensemble, bias=(final == "affine"))
             self.bias = None
 
     def reset_parameters(self, seeds: Sequence[int]) -> None:
@@ -98,10 +102,7 @@ BASE_PARAMS: Dict[str, Any] = {
 
 def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     p = {**BASE_PARAMS, **config.params}
-    device = resolve_device(ctx)
-    dtype = getattr(torch, ctx.dtype or "float32")
-    backend = resolve_backend(config, ctx)
-    seeds = seed_list(config)
+    device, dtype, backend, seeds = run_setting(config, ctx)
     E = len(seeds)
     K = int(p["digits"])
     data = load_digit_images(p["mnist_dir"], max_train=p["max_train"]).to(device)
@@ -138,7 +139,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     def validate() -> Tensor:
         return loss_of(model(expand(val_img)), expand(val_lab))
 
-    res = train_ensemble(ctx=ctx, model=model, opt=opt, ensemble=E, steps=config.steps, eval_every=int(p["eval_every"]),
+    res = train_sequence_ensemble(ctx=ctx, model=model, opt=opt, ensemble=E, steps=config.steps, eval_every=int(p["eval_every"]),
                          train_step=train_step, validate=validate, generators={f"data{i}": g for i, g in enumerate(gens)},
                          desc=f"parity {config.name}")
     with torch.no_grad():
@@ -172,10 +173,8 @@ def make_configs(finals: Sequence[str], seeds: int, steps: int, **params) -> Lis
 
 
 def profile_configs(profile: str) -> List[registry.Config]:
-    if profile not in PROFILES:
-        raise ValueError(f"parity: unknown profile {profile!r}")
-    pr = PROFILES[profile]
-    return make_configs(FINALS, pr["seeds"], pr["steps"])
+    seeds, steps, _ = profile_entry(NAME, PROFILES, profile)
+    return make_configs(FINALS, seeds, steps)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -261,14 +260,5 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     return "\n".join(lines)
 
 
-EXPERIMENT = registry.register(registry.Experiment(
-    name=NAME,
-    help="digit-image parity (Table 4): final layer affine vs NAC and ablations",
-    configs=configs,
-    profile_configs=profile_configs,
-    run=run,
-    add_arguments=add_arguments,
-    summarize=interval_summary,
-    report_section=report_section,
-    order=80,
-))
+EXPERIMENT = register_task(__name__, name=NAME, order=80, summarize=interval_summary,
+                           help="digit-image parity (Table 4): final layer affine vs NAC and ablations")

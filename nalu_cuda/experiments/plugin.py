@@ -1,0 +1,91 @@
+"""Writing a task module: registration, and the options and parameters every task reads.
+
+A task module (see :mod:`nalu_cuda.experiments.tasks`) defines ``configs(args)``,
+``profile_configs(profile)`` and ``run(config, ctx)``, and optionally ``add_arguments(parser)``,
+``summarize(config, records, extra)`` and ``report_section(results, out_dir)``; it ends with one
+call::
+
+    EXPERIMENT = register_task(__name__, name="static", help="...", order=20)
+
+which builds the :class:`~.registry.Experiment` from those functions and registers it.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from .registry import Config, Context, Experiment, register
+
+__all__ = ["register_task", "add_backend_argument", "run_options", "resolve_backend", "resolve_device",
+           "seed_list", "run_setting", "profile_entry", "task_model_configs"]
+
+
+def register_task(module_name: str, *, name: str, help: str, order: int,
+                  summarize: Optional[Callable] = None) -> Experiment:
+    """Register the task module ``module_name`` (pass ``__name__``) from its functions, found by
+    their names (``summarize`` overrides the module's own, e.g. :func:`.stats.interval_summary`)."""
+    mod = sys.modules[module_name]
+    optional = {k: getattr(mod, k) for k in ("add_arguments", "report_section") if hasattr(mod, k)}
+    return register(Experiment(name=name, help=help, configs=mod.configs, profile_configs=mod.profile_configs,
+                               run=mod.run, summarize=summarize or getattr(mod, "summarize", None), order=order,
+                               **optional))
+
+
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """``--backend auto|fused|reference`` for the NAC/NALU layers (skipped if the CLI already has it)."""
+    try:
+        parser.add_argument("--backend", choices=("auto", "fused", "reference"), default=None,
+                            help="implementation of the NAC/NALU layers (default auto: fused where a kernel exists)")
+    except argparse.ArgumentError:
+        pass
+
+
+def run_options(args: argparse.Namespace, params: Dict[str, Any], quick: Dict[str, Any]) -> Tuple[int, int]:
+    """The common options of a subcommand: ``--backend`` into ``params`` when given; ``(seeds, steps)``
+    from ``--seeds``/``--steps``, else the experiment's quick profile (``quick``)."""
+    if getattr(args, "backend", None):
+        params["backend"] = args.backend
+    seeds = args.seeds if args.seeds is not None else quick["seeds"]
+    steps = args.steps if args.steps is not None else quick["steps"]
+    return seeds, steps
+
+
+def resolve_backend(config: Config) -> str:
+    """The NAC/NALU implementation of a configuration: its ``backend`` parameter (set from
+    ``--backend``), else ``"auto"``."""
+    return config.params.get("backend") or "auto"
+
+
+def resolve_device(ctx: Context) -> torch.device:
+    return torch.device(ctx.device or "cpu")
+
+
+def run_setting(config: Config, ctx: Context) -> Tuple[torch.device, torch.dtype, str, List[int]]:
+    """What every ``run`` starts from: ``(device, dtype, backend, seeds)``."""
+    return resolve_device(ctx), getattr(torch, ctx.dtype or "float32"), resolve_backend(config), seed_list(config)
+
+
+def profile_entry(experiment: str, profiles: Dict[str, Dict[str, Any]],
+                  profile: str) -> Tuple[int, int, Dict[str, Any]]:
+    """``(seeds, steps, params)`` of ``profile`` in a task's table of profiles (a clear error for an
+    unknown one)."""
+    if profile not in profiles:
+        raise ValueError(f"{experiment}: unknown profile {profile!r}")
+    pr = profiles[profile]
+    return pr["seeds"], pr["steps"], dict(pr.get("params", {}))
+
+
+def task_model_configs(experiment: str, tasks: Sequence[str], models: Sequence[str], seeds: int, steps: int,
+                       **params) -> List[Config]:
+    """One configuration ``<task>-<model>`` per pair, with parameters ``task`` and ``model``."""
+    return [Config(experiment, f"{t}-{m}", seeds, steps, {**params, "task": t, "model": m})
+            for t in tasks for m in models]
+
+
+def seed_list(config: Config) -> List[int]:
+    """Seed values of a configuration: ``first_seed .. first_seed + seeds - 1`` (default first 0)."""
+    first = int(config.params.get("first_seed", 0))
+    return list(range(first, first + int(config.seeds)))

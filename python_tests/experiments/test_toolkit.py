@@ -1,0 +1,140 @@
+"""The toolkit's shared pieces: the unit table and the trainer's unit hooks, typed parameters,
+task registration, the one number format, the per-op plot, the backend choice."""
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+from nalu_cuda.experiments import registry
+from nalu_cuda.experiments.parts import arithmetic_data as ar
+from nalu_cuda.experiments.parts import arithmetic_models as am
+from nalu_cuda.experiments.parts.training import EvalSet, train_ensemble
+from nalu_cuda.experiments.plugin import register_task, resolve_backend
+from nalu_cuda.experiments.report import fmt_num, plot_per_op
+from nalu_cuda.experiments.tasks.recurrent import RecurrentParams, recurrent_config
+from nalu_cuda.experiments.tasks.static import StaticParams, static_config
+
+E = 3
+
+
+def _problem():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(E, 64, 10, generator=g) + 1
+    t = x[..., :3].sum(-1, keepdim=True) + x[..., 3:6].sum(-1, keepdim=True)
+    vx = torch.rand(100, 10, generator=g) + 1
+    val = EvalSet("valid", vx, (vx[:, :3].sum(-1, keepdim=True) + vx[:, 3:6].sum(-1, keepdim=True)).expand(E, 100, 1))
+    return x, t, val
+
+
+def _model(kind="nac"):
+    m = am.build_static_model(kind, 10, 2, ensemble=E)
+    m.reset_parameters(am.member_generators(range(E)))
+    return m
+
+
+def _train(model, steps=40, **hooks):
+    x, t, val = _problem()
+    return train_ensemble(model, E, lambda s: (x, t), steps, val, eval_every=20, lr=1e-2, **hooks)
+
+
+def test_zero_regularizer_changes_nothing():
+    plain, reg = _model(), _model()
+    r0 = _train(plain)
+    r1 = _train(reg, regularizer=lambda: torch.zeros(E))
+    assert torch.equal(r0.final_loss, r1.final_loss)
+    for (k, a), (_, b) in zip(plain.state_dict().items(), reg.state_dict().items()):
+        assert torch.equal(a, b), k
+
+
+def test_regularizer_acts_per_member():
+    """A penalty on member 1 only moves member 1; members 0 and 2 train exactly as without it."""
+    plain, reg = _model(), _model()
+    _train(plain)
+    W = reg.net[0].W_hat
+    _train(reg, regularizer=lambda: torch.stack([W[0].sum() * 0, (W[1] ** 2).sum() * 10, W[2].sum() * 0]))
+    a, b = plain.net[0].W_hat.detach(), reg.net[0].W_hat.detach()
+    assert torch.equal(a[0], b[0]) and torch.equal(a[2], b[2])
+    assert (b[1] ** 2).sum() < (a[1] ** 2).sum()
+
+
+def test_project_runs_after_every_step():
+    model = _model()
+    calls = []
+
+    def clamp():
+        calls.append(torch.is_grad_enabled())
+        model.net[0].W_hat.clamp_(-0.05, 0.05)
+
+    _train(model, steps=30, project=clamp)
+    assert len(calls) == 30 and not any(calls)
+    assert model.net[0].W_hat.abs().max() <= 0.05
+
+
+def test_unit_table_entry_brings_its_hooks(monkeypatch):
+    seen = []
+    unit = am.ArithmeticUnit(am.ARITHMETIC_UNITS["nac"].layer, regularizer=lambda m: seen.append(m) or torch.zeros(E),
+                             project=lambda m: seen.append(("project", m)))
+    monkeypatch.setitem(am.ARITHMETIC_UNITS, "nac", unit)
+    model = _model("nac")
+    hooks = am.training_hooks(model)
+    assert set(hooks) == {"regularizer", "project"}
+    hooks["regularizer"]()
+    hooks["project"]()
+    assert seen == [model, ("project", model)]
+    assert am.training_hooks(_model("relu")) == {}
+    assert am.training_hooks(_model("nalu")) == {}
+
+
+def test_typed_params_parse_ranges_once():
+    cfg = static_config("nac", ["add", "sub"], 2, 10, interp=[[1, 2], [3, 4]], extrap=[[5, 6]])
+    p = StaticParams.from_params(cfg.params)
+    assert p.interp == ar.Range(((1.0, 2.0), (3.0, 4.0))) and p.extrap == ar.Range(((5.0, 6.0),))
+    assert p.ops == ("add", "sub") and p.model == "nac" and p.lr == cfg.params["lr"]
+    r = RecurrentParams.from_params(recurrent_config("lstm", ["add"], 2, 10).params)
+    assert r.cell_hidden == r.rnn_hidden and r.curve_lengths == tuple(r.curve_lengths)
+    assert isinstance(r.interp, ar.Range)
+    assert ar.as_range([1, 2, 3, 4]) == ar.as_range([[1, 2], [3, 4]]) == ar.Range(((1.0, 2.0), (3.0, 4.0)))
+    with pytest.raises(ValueError, match="extrapolation range"):
+        StaticParams.from_params({**cfg.params, "extrap": [[6, 5]]})
+
+
+def test_register_task_builds_the_experiment_from_the_module():
+    mod = types.ModuleType("nalu_cuda_test_task")
+    mod.configs = lambda args: []
+    mod.profile_configs = lambda profile: [registry.Config("toolkit-test", "one", 1, 1)]
+    mod.run = lambda config, ctx: registry.RunOutput([{"seed": 0, "success": True}])
+    mod.report_section = lambda results, out_dir: "## toolkit-test\n"
+    sys.modules[mod.__name__] = mod
+    try:
+        exp = register_task(mod.__name__, name="toolkit-test", help="a test task", order=999)
+        assert registry.get("toolkit-test") is exp
+        assert exp.run is mod.run and exp.report_section is mod.report_section and exp.summarize is None
+        cfg = mod.profile_configs("quick")[0]
+        assert exp.summary(cfg, mod.run(cfg, None).records, {})["success_rate"] == 1.0
+    finally:
+        registry._REGISTRY.pop("toolkit-test", None)
+        del sys.modules[mod.__name__]
+
+
+def test_resolve_backend_reads_the_configuration():
+    assert resolve_backend(registry.Config("x", "y", 1, 1, {"backend": "reference"})) == "reference"
+    assert resolve_backend(registry.Config("x", "y", 1, 1)) == "auto"
+
+
+def test_one_number_format():
+    assert fmt_num(None) == "-"
+    assert fmt_num(float("nan")) == "nan"
+    assert fmt_num(0.0) == "0"
+    assert fmt_num(1234.5) == "1.23e+03"
+    assert fmt_num(12345.0) == "1.23e+04"
+    assert fmt_num(0.0001234) == "1.23e-04"
+
+
+def test_plot_per_op(tmp_path):
+    curves = [("nac", "add", [1, 2, 4], [1e-3, 2e-3, None]), ("nalu", "mul", [1, 2, 4], [0.1, 0.0, 1.0])]
+    name = plot_per_op(curves, str(tmp_path), "ops.png", "scale", mark_x=1.0)
+    assert name == "ops.png" and os.path.getsize(tmp_path / name) > 0
+    assert plot_per_op([], str(tmp_path), "none.png", "scale") is None
+    assert not (tmp_path / "none.png").exists()
