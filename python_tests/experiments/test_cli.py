@@ -108,10 +108,15 @@ def test_corrupt_or_mismatched_files_are_refused(tmp_path):
     with pytest.raises(runner.RunError, match="different configuration"):
         runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
     os.unlink(runner.checkpoint_path(out, cfg))
-    with open(runner.result_path(out, cfg), "w") as f:
+    rp = runner.result_path(out, cfg)
+    with open(rp, "w") as f:
         f.write('{"truncated": ')
-    with pytest.raises(runner.RunError, match="corrupt"):
-        runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
+    with pytest.raises(runner.RunError, match="damaged"):
+        runner.run_one(cfg, out, progress=False, log=lambda m: None)
+    logs = []  # --resume recomputes a damaged result, says so, and keeps the damaged file aside
+    res = runner.run_one(cfg, out, resume=True, progress=False, log=logs.append)
+    assert len(res.records) == 1 and any("damaged" in m and rp in m for m in logs)
+    assert open(rp + ".damaged").read() == '{"truncated": '
     res = runner.run_one(cfg, out, overwrite=True, progress=False, log=lambda m: None)
     assert len(res.records) == 1
     runner.run_one(other, out, overwrite=True, progress=False, log=lambda m: None)
