@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..cli import finite_float, positive_float
 from . import arithmetic as ar
 from .ensemble import ACTIVATIONS, StackedNet, check_model, member_generators
 from .registry import Config, ConfigResult, Context, Experiment, RunOutput, default_summary, register
@@ -136,8 +137,9 @@ def summarize(cfg: Config, records: List[Dict[str, Any]], extra: Dict[str, Any])
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", nargs="+", default=["all"], metavar="NAME",
                         help=f"nonlinearities and units: {', '.join(IDENTITY_MODELS)}, or 'all' (default)")
-    parser.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-2)")
-    parser.add_argument("--train-range", nargs=2, type=float, default=DEFAULTS["train_range"], metavar=("LO", "HI"),
+    parser.add_argument("--lr", type=positive_float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-2)")
+    parser.add_argument("--train-range", nargs=2, type=finite_float, default=DEFAULTS["train_range"],
+                        metavar=("LO", "HI"),
                         help="training range (default: -5 5)")
 
 

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 import nalu_cuda
 
+from ..cli import positive_int
 from . import registry
 from .exp2_common import (add_backend_argument, fmt_ci, fmt_num, interval_summary, resolve_backend, resolve_device,
                           run_options, seed_list, train_ensemble)
@@ -250,7 +251,7 @@ def profile_configs(profile: str) -> List[registry.Config]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=TASKS + ("both",), default="both", help="add, program or both")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
-    parser.add_argument("--hidden", type=int, default=BASE_PARAMS["hidden"], help="recurrent units")
+    parser.add_argument("--hidden", type=positive_int, default=BASE_PARAMS["hidden"], help="recurrent units")
     add_backend_argument(parser)
 
 
