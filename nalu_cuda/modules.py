@@ -162,7 +162,7 @@ class NACMul(_ArithmeticLayer):
     def __init__(self, in_features: int, out_features: int, *, eps: float = DEFAULT_EPS,
                  ensemble: Optional[int] = None, backend: str = "auto", device=None, dtype=None) -> None:
         super().__init__(in_features, out_features, ensemble, backend, device, dtype)
-        if not (isinstance(eps, (int, float)) and 0 < eps < math.inf):
+        if isinstance(eps, bool) or not (isinstance(eps, (int, float)) and 0 < eps < math.inf):
             raise ValueError(f"nalu_cuda.NACMul: argument 'eps' must be a positive finite number, got {eps!r}")
         self.eps = float(eps)
         self.W_hat = self._param(in_features, out_features)
@@ -194,7 +194,7 @@ class NALU(_ArithmeticLayer):
                  gate: str = "input", ensemble: Optional[int] = None, backend: str = "auto",
                  device=None, dtype=None) -> None:
         super().__init__(in_features, out_features, ensemble, backend, device, dtype)
-        if not (isinstance(eps, (int, float)) and 0 < eps < math.inf):
+        if isinstance(eps, bool) or not (isinstance(eps, (int, float)) and 0 < eps < math.inf):
             raise ValueError(f"nalu_cuda.NALU: argument 'eps' must be a positive finite number, got {eps!r}")
         if gate not in GATES:
             raise ValueError(f"nalu_cuda.NALU: argument 'gate' must be one of {GATES}, got {gate!r}")
