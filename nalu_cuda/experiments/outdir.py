@@ -5,9 +5,9 @@
   process never blocks a later run. The file holds the holder's pid, host and start time, which a
   refused second run prints.
 * Manifest: ``DIR/.nalu-cuda-manifest.json`` lists the top-level files nalu-cuda wrote; it also
-  marks ``DIR`` as a nalu-cuda output directory. A non-empty directory without it (and without
-  the ``runs/`` of an older nalu-cuda) is refused, and so is replacing a file that exists but is
-  not in the manifest; ``overwrite`` lifts both refusals.
+  marks ``DIR`` as a nalu-cuda output directory. A non-empty directory without it is refused
+  (unless it holds only what an older nalu-cuda wrote: its ``runs/`` or its ``summary.json``), and
+  so is replacing a file that exists but is not in the manifest; ``overwrite`` lifts both refusals.
 * Files are written atomically (a temporary file, fsync, rename) with the mode the umask gives.
 """
 from __future__ import annotations
@@ -143,7 +143,7 @@ class OutputDir:
         entries = [e for e in os.listdir(self.path) if e not in (LOCK_NAME, MANIFEST_NAME)
                    and not e.startswith(".tmp-")]
         ours = [e for e in entries if any(fnmatch.fnmatch(e, p) for p in OUTPUT_PATTERNS)]
-        legacy = os.path.isdir(os.path.join(self.path, "runs")) and len(ours) == len(entries)
+        legacy = len(ours) == len(entries) and (os.path.isdir(os.path.join(self.path, "runs")) or self._our_summary())
         if entries and not legacy and not self.overwrite:
             shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
             raise RunError(f"--out {self.path} is not empty ({shown}) and is not a nalu-cuda output directory; "
@@ -151,6 +151,14 @@ class OutputDir:
                            "(it replaces summary.json, report.md, per_seed_*.csv, its plots and runs/)")
         self._files = set(ours) if legacy else set()
         self._save_manifest()
+
+    def _our_summary(self) -> bool:
+        """Whether ``DIR/summary.json`` is one that nalu-cuda wrote (its ``meta`` names the version)."""
+        try:
+            with open(os.path.join(self.path, "summary.json")) as f:
+                return "nalu_cuda" in json.load(f)["meta"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
 
     def _save_manifest(self) -> None:
         text = json.dumps({"written_by": "nalu-cuda", "files": sorted(self._files)}, indent=1)

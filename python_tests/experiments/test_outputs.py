@@ -5,6 +5,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -179,3 +180,64 @@ def test_unusable_out_paths_exit_2(out, message, tmp_path, capsys):
     code, err = _run([*TINY, "--out", out], capsys)
     assert code == 2
     assert message in err
+
+
+def test_a_directory_of_an_older_nalu_cuda_is_taken_over(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"meta": {"nalu_cuda": "0.1"}, "records": []}))
+    (out / "report.md").write_text("old report")
+    (out / "identity_fig1.png").write_bytes(b"png")
+    code, err = _run([*TINY, "--out", str(out)], capsys)
+    assert code == 0, err
+    assert "Static arithmetic" in (out / "report.md").read_text()
+
+
+def _records(out):
+    return [json.load(open(p))["records"] for p in _results(out)]
+
+
+def test_ctrl_c_exits_130_releases_the_lock_and_resume_gives_the_uninterrupted_result(tmp_path, capsys, monkeypatch):
+    argv = ["static", "--model", "nac", "--op", "add", "mul", *TINY[6:], "--steps", "80", "--checkpoint-every", "0"]
+    assert _run([*argv, "--out", str(tmp_path / "a")], capsys)[0] == 0
+    save = runner.atomic_torch_save
+
+    def ctrl_c_after_the_second_checkpoint(path, obj, calls=[]):
+        save(path, obj)
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "atomic_torch_save", ctrl_c_after_the_second_checkpoint)
+    b = tmp_path / "b"
+    code, err = _run([*argv, "--out", str(b)], capsys)
+    assert code == 130 and "--resume" in err
+    monkeypatch.setattr(runner, "atomic_torch_save", save)
+    assert list(b.glob("runs/static/*/checkpoint.pt")) and not _results(b)
+    code, err = _run([*argv, "--out", str(b), "--resume"], capsys)  # the lock went with the interrupted run
+    assert code == 0, err
+    assert "resumed at step 40" in err
+    assert _records(b) == _records(tmp_path / "a")
+
+
+def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(tmp_path, capsys):
+    # The one test of a real SIGKILL (a subprocess, a few seconds): the lock dies with the process and
+    # --resume continues bit for bit from the last checkpoint.
+    argv = ["static", "--model", "nac", "--op", "add", *TINY[6:], "--steps", "300", "--checkpoint-every", "0"]
+    b = tmp_path / "b"
+    proc = subprocess.Popen([sys.executable, "-m", "nalu_cuda", *argv, "--threads", "1", "--out", str(b)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        while proc.poll() is None and not list(b.glob("runs/static/*/checkpoint.pt")):
+            time.sleep(0.01)
+        proc.kill()
+    finally:
+        proc.wait()
+    assert proc.returncode == -9, proc.stderr.read()
+    assert not _results(b)
+    code, err = _run([*argv, "--out", str(b), "--resume"], capsys)
+    assert code == 0, err
+    assert "resumed at step" in err
+    assert _run([*argv, "--out", str(tmp_path / "a")], capsys)[0] == 0
+    assert _records(b) == _records(tmp_path / "a")
