@@ -294,11 +294,6 @@ def _prepare(configs: Sequence[Config], od: OutputDir, *, resume: bool, overwrit
     """Every rule checked before any configuration trains; all problems in one :class:`RunError`."""
     out_dir = od.path
     problems = []
-    for cfg in configs:
-        try:
-            _existing(cfg, out_dir, resume=resume, overwrite=overwrite, log=log)
-        except RunError as exc:
-            problems.append(str(exc))
     ours = {os.path.abspath(result_path(out_dir, c)) for c in configs}
     experiments = {c.experiment for c in configs}
     for rp in _result_files(out_dir):
@@ -312,6 +307,13 @@ def _prepare(configs: Sequence[Config], od: OutputDir, *, resume: bool, overwrit
     for name in ["summary.json", "report.md"] + [f"per_seed_{e}.csv" for e in sorted(experiments)]:
         try:
             od.check_replaceable(name)
+        except RunError as exc:
+            problems.append(str(exc))
+    if problems:  # before --overwrite deletes anything
+        raise RunError("\n".join(problems))
+    for cfg in configs:
+        try:
+            _existing(cfg, out_dir, resume=resume, overwrite=overwrite, log=log)
         except RunError as exc:
             problems.append(str(exc))
     if problems:

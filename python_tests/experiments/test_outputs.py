@@ -107,6 +107,11 @@ def test_a_hand_edited_result_with_a_missing_field_is_named(tmp_path, capsys):
     assert code == 2
     assert f"result file {rp} is damaged (field 'records' is a str, not a list); its configuration is not part" in err
     assert not (out / "runs" / "static" / "nac-sub").exists()
+    # ... and that error comes before --overwrite deletes the run's own results
+    kept = _results(out)[1]
+    code, err = _run(["static", "--model", "relu6", *TINY[4:], "--out", str(out), "--overwrite"], capsys)
+    assert code == 2 and f"result file {rp} is damaged" in err
+    assert json.load(open(kept))["records"]
 
 
 def test_a_hand_edited_checkpoint_with_a_missing_field_is_named(tmp_path, monkeypatch):
