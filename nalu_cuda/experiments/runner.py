@@ -260,8 +260,16 @@ def run_one(cfg: Config, out_dir: str, *, device: str = "cpu", resume: bool = Fa
         return _result_from_data(kept)
     os.makedirs(config_dir(out_dir, cfg), exist_ok=True)
     ctx = _make_context(out_dir, cfg, device, progress, resume, log, checkpoint_every_s)
+    resuming = resume and os.path.exists(ck)
     t0 = time.perf_counter()
-    out: RunOutput = exp.run(cfg, ctx)
+    try:
+        out: RunOutput = exp.run(cfg, ctx)
+    except RuntimeError as exc:  # torch's load_state_dict on a checkpoint whose tensors were edited
+        if not (resuming and str(exc).startswith("Error(s) in loading state_dict")):
+            raise
+        why = " ".join(str(exc).split())
+        raise RunError(f"checkpoint {ck} does not fit the model of {cfg.key} ({why}); delete it, or rerun with "
+                       "--overwrite to start this configuration again") from None
     wall = time.perf_counter() - t0
     summ = exp.summary(cfg, out.records, out.extra)
     summaries = summ if isinstance(summ, list) else [summ]

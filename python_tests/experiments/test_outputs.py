@@ -129,9 +129,15 @@ def test_a_hand_edited_checkpoint_with_a_missing_field_is_named(tmp_path, monkey
     monkeypatch.setattr(runner, "atomic_torch_save", save)
     ck = runner.checkpoint_path(out, cfg)
     data = torch.load(ck, weights_only=True)
-    del data["state"]["history"]
+    history = data["state"].pop("history")
     torch.save(data, ck)
     with pytest.raises(runner.RunError, match=f"checkpoint {ck} has no field 'state.history'"):
+        runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
+    data["state"]["history"] = history
+    name = next(iter(data["state"]["model"]))
+    del data["state"]["model"][name]
+    torch.save(data, ck)
+    with pytest.raises(runner.RunError, match=f"checkpoint {ck} does not fit the model of static/.*{name}"):
         runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
     del data["state"]
     torch.save(data, ck)
