@@ -37,6 +37,7 @@ import math
 import os
 import platform
 import sys
+import tempfile
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -448,12 +449,14 @@ def write_outputs(out_dir: str, meta: Optional[dict] = None, order: Optional[Seq
     if report:
         from . import report as _report
 
-        before = _plots(out_dir)
-        text = _report.build_report(by_exp, out_dir, meta)
-        # the experiments' report sections write their plots themselves: record the ones they wrote
-        outdir.record([n for n, t in _plots(out_dir).items() if before.get(n) != t])
+        # The experiments' report sections write their plots themselves: into a staging directory,
+        # from which each moves to DIR only if it replaces nothing that nalu-cuda did not write.
+        with tempfile.TemporaryDirectory(prefix=".tmp-report-", dir=out_dir) as stage:
+            text = _report.build_report(by_exp, stage, meta)
+            plots = sorted(os.listdir(stage))
+            for name in plots:
+                outdir.check_replaceable(name)
+            for name in plots:
+                os.replace(os.path.join(stage, name), os.path.join(out_dir, name))
+            outdir.record(plots)
         outdir.write_text("report.md", text)
-
-
-def _plots(out_dir: str) -> Dict[str, int]:
-    return {e.name: e.stat().st_mtime_ns for e in os.scandir(out_dir) if e.name.endswith(".png") and e.is_file()}

@@ -145,7 +145,7 @@ def test_a_hand_edited_checkpoint_with_a_missing_field_is_named(tmp_path, monkey
         runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
 
 
-def test_files_of_the_user_are_never_replaced_without_overwrite(tmp_path, capsys):
+def test_files_of_the_user_are_never_replaced_without_overwrite(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
     (out / "report.md").write_text("my notes")
@@ -163,6 +163,13 @@ def test_files_of_the_user_are_never_replaced_without_overwrite(tmp_path, capsys
         with pytest.raises(runner.RunError, match="per_seed_identity.csv exists and was not written by nalu-cuda"):
             od.write_text("per_seed_identity.csv", "x")
     assert (out / "per_seed_identity.csv").read_text() == "mine"
+    # a plot of the user's under the name of one of the report's: refused, the results are kept
+    (out / "per_seed_identity.csv").unlink()
+    (out / "static_error_vs_range.png").write_text("my plot")
+    monkeypatch.undo()  # draw the figures
+    code, err = _run([*TINY, "--out", str(out), "--resume"], capsys)
+    assert code == 2 and "static_error_vs_range.png exists and was not written by nalu-cuda" in err
+    assert (out / "static_error_vs_range.png").read_text() == "my plot" and len(_results(out)) == 2
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027])
