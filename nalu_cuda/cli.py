@@ -9,59 +9,153 @@ One subcommand per registered experiment (:mod:`nalu_cuda.experiments`), plus ``
     nalu-cuda reproduce --profile quick --out runs/quick
     nalu-cuda reproduce --profile quick --out runs/quick --resume     # after an interruption
 
-Exit codes: 0 success; 2 bad arguments, or result/checkpoint files that cannot be used as asked
-(the message says what to do); 130 interrupted (finished configurations are kept: ``--resume``).
+Exit codes: 0 success; 2 bad arguments (refused before any work, naming the option, the value and
+what is allowed), result/checkpoint files that cannot be used as asked, or an output directory that
+is in use by another run, not writable, or holds files nalu-cuda did not write (the message says
+what to do); 130 interrupted (finished configurations are kept: ``--resume``).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
 import time
 from dataclasses import replace
-from typing import List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "positive_int", "non_negative_int", "positive_float", "non_negative_float",
+           "finite_float", "comma_list", "directory", "mnist_directory", "device"]
 
 
-def _positive_int(text: str) -> int:
+# ------------------------------------------------------------------------------------------------
+# Argument types, shared by every subcommand's options (the experiments' own options too): a value
+# that has no meaning is refused by argparse at start (exit 2, naming the option, the value and
+# what is allowed), never discovered after training.
+# ------------------------------------------------------------------------------------------------
+
+
+def _number(text: str, kind: type, allowed: str, ok: Callable[[float], bool]):
     try:
-        v = int(text)
+        v = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+        v = None
+    if v is None or not math.isfinite(v) or not ok(v):
+        raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
     return v
 
 
-def _device(text: str) -> str:
+def positive_int(text: str) -> int:
+    """An integer >= 1 (sizes, counts, steps)."""
+    return _number(text, int, "an integer >= 1", lambda v: v >= 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (seeds, optional phases that 0 switches off)."""
+    return _number(text, int, "an integer >= 0", lambda v: v >= 0)
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (learning rates, clipping norms)."""
+    return _number(text, float, "a finite number > 0", lambda v: v > 0)
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (intervals in seconds)."""
+    return _number(text, float, "a finite number >= 0", lambda v: v >= 0)
+
+
+def finite_float(text: str) -> float:
+    """A finite number (ends of input ranges)."""
+    return _number(text, float, "a finite number", lambda v: True)
+
+
+def comma_list(item: Callable[[str], Any]) -> Callable[[str], List[Any]]:
+    """A comma-separated, non-empty list whose items are each checked by ``item`` (one of the above)."""
+    def parse(text: str) -> List[Any]:
+        parts = [t.strip() for t in text.split(",")]
+        if not text.strip() or not all(parts):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        try:
+            return [item(t) for t in parts]
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"{exc} (in the list {text!r})") from None
+
+    parse.__name__ = f"comma-separated {item.__name__}"
+    return parse
+
+
+def directory(text: str) -> str:
+    """A directory path (not empty; whether it can be used is checked when the run locks it)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a directory, got an empty path ''")
+    return text
+
+
+def mnist_directory(text: str) -> str:
+    """A directory holding the four MNIST IDX files; returned absolute."""
+    from .experiments.mnist import find_mnist_files
+
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"expected a directory with the four MNIST IDX files, got {text!r}, "
+                                         "which is not a directory")
+    try:
+        find_mnist_files(text)
+    except FileNotFoundError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace(f"--mnist-dir {text!r}: ", f"{text!r} has ")) from None
+    return os.path.abspath(text)
+
+
+def device(text: str) -> str:
+    """A torch device on which a NALU layer runs forward and backward and copies back: what every
+    experiment does. Checked at start (a 'meta' device used to fail only after training)."""
     import torch
 
+    allowed = "cpu" + (", cuda or cuda:N" if torch.cuda.is_available() else " (this torch sees no CUDA device)")
     try:
         dev = torch.device(text)
     except RuntimeError:
-        raise argparse.ArgumentTypeError(f"unknown device {text!r} (try 'cpu' or 'cuda')") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError("--device cuda: no CUDA device is available to this torch")
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; allowed: {allowed}") from None
+    try:
+        _probe(dev)
+    except Exception as exc:  # whatever the device cannot do, the experiments cannot either
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise argparse.ArgumentTypeError(f"device {text!r} cannot run the experiments here ({why}); "
+                                         f"allowed: {allowed}") from None
     return str(dev)
+
+
+def _probe(dev) -> None:
+    import torch
+
+    from .modules import NALU
+
+    with torch.random.fork_rng(devices=[]):  # the layer's initialisation must not move the global RNG
+        layer = NALU(3, 2).to(dev)
+    x = torch.full((4, 3), 0.5, device=dev)
+    layer(x).sum().backward()
+    float(layer.G.grad.sum().cpu())
 
 
 def _add_common(p: argparse.ArgumentParser, *, defaults_note: str = "the experiment's default") -> None:
     g = p.add_argument_group("run options")
-    g.add_argument("--device", type=_device, default="cpu", help="torch device: cpu (default) or cuda[:N]")
-    g.add_argument("--seeds", type=_positive_int, default=None, help=f"seeds per configuration ({defaults_note})")
-    g.add_argument("--steps", type=_positive_int, default=None, help=f"training steps ({defaults_note})")
-    g.add_argument("--out", default=None, metavar="DIR",
-                   help="output directory: summary.json, per-seed CSVs, report.md, plots, checkpoints "
-                        "(default: nalu-results/<command>)")
+    g.add_argument("--device", type=device, default="cpu",
+                   help="torch device: cpu (default) or cuda[:N]; checked at start by a NALU step on it")
+    g.add_argument("--seeds", type=positive_int, default=None, help=f"seeds per configuration ({defaults_note})")
+    g.add_argument("--steps", type=positive_int, default=None, help=f"training steps ({defaults_note})")
+    g.add_argument("--out", type=directory, default=None, metavar="DIR",
+                   help="output directory: summary.json, per-seed CSVs, report.md, plots, checkpoints; a new or "
+                        "empty directory, or one nalu-cuda wrote; one run at a time (default: nalu-results/<command>)")
     g.add_argument("--resume", action="store_true",
                    help="keep finished configurations in DIR and continue interrupted ones from their checkpoints")
-    g.add_argument("--overwrite", action="store_true", help="discard earlier results and checkpoints in DIR")
+    g.add_argument("--overwrite", action="store_true",
+                   help="discard every earlier result and checkpoint of these configurations in DIR before the run, "
+                        "and let nalu-cuda replace files in DIR that it did not write")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
-    g.add_argument("--threads", type=_positive_int, default=None,
+    g.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads (default: 1; tiny models gain nothing from more)")
-    g.add_argument("--checkpoint-every", type=float, default=60.0, metavar="SECONDS",
+    g.add_argument("--checkpoint-every", type=non_negative_float, default=60.0, metavar="SECONDS",
                    help="seconds between mid-run checkpoints (default: 60)")
 
 
@@ -147,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads or 1)
-    out = args.out or os.path.join("nalu-results", args.command)
+    out = args.out if args.out is not None else os.path.join("nalu-results", args.command)
     meta = {"command": "nalu-cuda " + " ".join(shlex.quote(a) for a in argv), "device": args.device}
     if args.command == "reproduce":
         meta["profile"] = args.profile

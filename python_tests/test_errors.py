@@ -82,6 +82,8 @@ MODULE_CASES = [
     (lambda: nalu_cuda.NALU(3, 2, gate="sigmoid"), r"nalu_cuda.NALU: argument 'gate' must be one of \('input', 'independent'\), got 'sigmoid'"),
     (lambda: nalu_cuda.NAC(3, 2, backend="cuda"), r"nalu_cuda.NAC: argument 'backend' must be one of \('auto', 'fused', 'reference'\), got 'cuda'"),
     (lambda: nalu_cuda.NACMul(3, 2, eps=0), r"nalu_cuda.NACMul: argument 'eps' must be a positive finite number, got 0"),
+    (lambda: nalu_cuda.NACMul(3, 2, eps=True), r"nalu_cuda.NACMul: argument 'eps' must be a positive finite number, got True"),
+    (lambda: nalu_cuda.NALU(3, 2, eps=True), r"nalu_cuda.NALU: argument 'eps' must be a positive finite number, got True"),
     (lambda: nalu_cuda.NALU(0, 2), r"nalu_cuda.NALU: argument 'in_features' must be a positive int, got 0"),
     (lambda: nalu_cuda.NAC(3, 2.5), r"nalu_cuda.NAC: argument 'out_features' must be a positive int, got 2.5"),
     (lambda: nalu_cuda.NAC(3, 2, ensemble=0), r"nalu_cuda.NAC: argument 'ensemble' must be a positive int, got 0"),

@@ -14,13 +14,18 @@ the configuration in progress, and that one continues from its last checkpoint w
 ``summary.json``, the CSVs and the report are rebuilt from every ``result.json`` in ``DIR`` after
 each configuration and at the end.
 
-Rules (each violation is a :class:`RunError` with a message saying what to do):
+Rules (each violation is a :class:`RunError` with a message saying what to do), applied to every
+configuration of a run before any of them trains:
 
+* one run at a time in ``DIR`` (a lock, :mod:`nalu_cuda.experiments.outdir`), and no file that
+  nalu-cuda did not write is replaced without ``--overwrite``;
 * a result or checkpoint whose fingerprint (hash of the configuration) differs from the
   configuration being run is never reused;
-* an unreadable (corrupt, truncated) result or checkpoint is never silently ignored;
-* without ``--resume``, existing results or checkpoints of the same configuration are an error
-  unless ``--overwrite`` is given (which deletes them and starts again).
+* a damaged result (unreadable, truncated, fields missing) is named with what is wrong; under
+  ``--resume`` it is recomputed with a warning (the damaged file kept as ``result.json.damaged``);
+  an unreadable checkpoint is never silently ignored;
+* without ``--resume``, existing results or checkpoints of the run's configurations are an error
+  unless ``--overwrite`` is given, which deletes every one of them before the run starts.
 """
 from __future__ import annotations
 
@@ -34,20 +39,17 @@ import platform
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .outdir import OutputDir, RunError, atomic_write
 from .registry import Config, ConfigResult, Context, RunOutput, all_experiments, get
 
 __all__ = ["RunError", "run_configs", "load_results", "write_outputs", "atomic_write_text", "atomic_torch_save",
            "result_path", "RESULT_VERSION"]
 
 RESULT_VERSION = 1
-
-
-class RunError(Exception):
-    """A problem the user must resolve (mismatched or corrupt files, existing results)."""
 
 
 def _log_default(msg: str) -> None:
@@ -64,28 +66,12 @@ def _log_default(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def _atomic(path: str, write: Callable[[Any], None], mode: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def atomic_write_text(path: str, text: str) -> None:
-    _atomic(path, lambda f: f.write(text), "w")
+    atomic_write(path, lambda f: f.write(text), "w")
 
 
 def atomic_torch_save(path: str, obj: Any) -> None:
-    _atomic(path, lambda f: torch.save(obj, f), "wb")
+    atomic_write(path, lambda f: torch.save(obj, f), "wb")
 
 
 def _json_default(o):
@@ -130,16 +116,43 @@ def checkpoint_path(out_dir: str, cfg: Config) -> str:
     return os.path.join(config_dir(out_dir, cfg), "checkpoint.pt")
 
 
-def _read_result(path: str) -> Dict[str, Any]:
+_RESULT_FIELDS = (("fingerprint", str), ("config", dict), ("records", list))
+_CONFIG_FIELDS = (("experiment", str), ("name", str), ("seeds", int), ("steps", int))
+
+
+def _result_problem(data: Any) -> Optional[str]:
+    """What makes a parsed ``result.json`` unusable (``None`` when nothing does)."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, found {type(data).__name__}"
+    for fields, d, prefix in ((_RESULT_FIELDS, data, ""), (_CONFIG_FIELDS, data.get("config"), "config.")):
+        for key, typ in fields:
+            if key not in d:
+                return f"field '{prefix}{key}' is missing"
+            if not isinstance(d[key], typ):
+                return f"field '{prefix}{key}' is a {type(d[key]).__name__}, not a {typ.__name__}"
+    if not isinstance(data["config"].get("params", {}), dict):
+        return "field 'config.params' is not an object"
+    if not all(isinstance(r, dict) for r in data["records"]):
+        return "field 'records' holds something other than objects"
+    summaries = data.get("summaries", [])
+    if not isinstance(summaries, list) or not all(isinstance(r, dict) for r in summaries):
+        return "field 'summaries' is not a list of objects"
+    if not isinstance(data.get("extra", {}), dict):
+        return "field 'extra' is not an object"
+    if not isinstance(data.get("wall_s", 0.0), (int, float)):
+        return "field 'wall_s' is not a number"
+    return None
+
+
+def _load_result(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """``(data, None)`` for a usable result file, ``(None, what is wrong)`` for a damaged one."""
     try:
         with open(path) as f:
             data = json.load(f)
-        if not isinstance(data, dict) or "fingerprint" not in data or "config" not in data or "records" not in data:
-            raise ValueError("missing fields")
-        return data
     except (OSError, ValueError) as exc:
-        raise RunError(f"result file {path} is unreadable or corrupt ({exc}); delete it, or rerun with "
-                       "--overwrite to recompute that configuration") from None
+        return None, f"unreadable: {exc}"
+    problem = _result_problem(data)
+    return (None, problem) if problem else (data, None)
 
 
 def _result_from_data(data: Dict[str, Any]) -> ConfigResult:
@@ -147,6 +160,37 @@ def _result_from_data(data: Dict[str, Any]) -> ConfigResult:
     summaries = data.get("summaries") or []
     return ConfigResult(config=cfg, records=data["records"], summary=summaries[0] if summaries else {},
                         extra=data.get("extra", {}), wall_s=float(data.get("wall_s", 0.0)), summaries=summaries)
+
+
+class _CheckpointState(dict):
+    """A checkpoint's state: a field that is not there is a :class:`RunError` naming the file and the
+    field, not a ``KeyError`` from deep inside an experiment's resume code."""
+
+    def __init__(self, data: dict, path: str, where: str = "state") -> None:
+        super().__init__({k: _CheckpointState(v, path, f"{where}.{k}") if type(v) is dict else v
+                          for k, v in data.items()})
+        self._path, self._where = path, where
+
+    def __missing__(self, key):
+        raise RunError(f"checkpoint {self._path} has no field '{self._where}.{key}' (edited, or written by another "
+                       "version of nalu-cuda); delete it, or rerun with --overwrite to start this configuration again")
+
+
+def _read_checkpoint(ck: str, fp: str) -> _CheckpointState:
+    try:
+        data = torch.load(ck, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, garbage, wrong format
+        raise RunError(f"checkpoint {ck} is corrupt ({type(exc).__name__}: {exc}); delete it or rerun with "
+                       "--overwrite to start this configuration again") from None
+    if not isinstance(data, dict) or data.get("fingerprint") != fp:
+        got = data.get("fingerprint") if isinstance(data, dict) else None
+        raise RunError(f"checkpoint {ck} belongs to a different configuration (fingerprint {got}, this run "
+                       f"{fp}); the settings changed since it was written. Use another --out, or --overwrite "
+                       "to discard it")
+    if not isinstance(data.get("state"), dict):
+        raise RunError(f"checkpoint {ck} has no field 'state' holding a dictionary (edited, or written by another "
+                       "version of nalu-cuda); delete it, or rerun with --overwrite to start this configuration again")
+    return _CheckpointState(data["state"], ck)
 
 
 def _make_context(out_dir: str, cfg: Config, device: str, progress: bool, resume: bool, log,
@@ -161,20 +205,48 @@ def _make_context(out_dir: str, cfg: Config, device: str, progress: bool, resume
     def load() -> Optional[Any]:
         if not resume or not os.path.exists(ck):
             return None
-        try:
-            data = torch.load(ck, map_location="cpu", weights_only=True)
-        except Exception as exc:  # truncated, garbage, wrong format
-            raise RunError(f"checkpoint {ck} is corrupt ({type(exc).__name__}: {exc}); delete it or rerun with "
-                           "--overwrite to start this configuration again") from None
-        if not isinstance(data, dict) or data.get("fingerprint") != fp:
-            got = data.get("fingerprint") if isinstance(data, dict) else None
-            raise RunError(f"checkpoint {ck} belongs to a different configuration (fingerprint {got}, this run "
-                           f"{fp}); the settings changed since it was written. Use another --out, or --overwrite "
-                           "to discard it")
-        return data["state"]
+        return _read_checkpoint(ck, fp)
 
     return Context(device=device, work_dir=config_dir(out_dir, cfg), progress=progress, save_checkpoint=save,
                    load_checkpoint=load, log=log, checkpoint_every_s=checkpoint_every_s)
+
+
+def _existing(cfg: Config, out_dir: str, *, resume: bool, overwrite: bool, log) -> Optional[Dict[str, Any]]:
+    """Apply the rules to what ``out_dir`` holds for ``cfg``: the result to keep (``--resume``), or ``None``
+    when ``cfg`` is to run. ``overwrite`` deletes its result and checkpoint; ``resume`` moves a damaged
+    result aside (with a warning) and checks the checkpoint it will continue from."""
+    rp, ck = result_path(out_dir, cfg), checkpoint_path(out_dir, cfg)
+    fp = cfg.fingerprint()
+    if overwrite:
+        for p in (rp, ck):
+            if os.path.exists(p):
+                os.unlink(p)
+        return None
+    if os.path.exists(rp):
+        data, problem = _load_result(rp)
+        if problem is not None:
+            if not resume:
+                raise RunError(f"result file {rp} is damaged ({problem}): pass --resume to recompute {cfg.key} (the "
+                               "damaged file is kept as result.json.damaged), or --overwrite to recompute every "
+                               "configuration of this run")
+            os.replace(rp, rp + ".damaged")
+            log(f"warning: result file {rp} is damaged ({problem}); recomputing {cfg.key} (the damaged file is "
+                "kept as result.json.damaged)")
+        elif data["fingerprint"] != fp:
+            raise RunError(f"{rp} holds results of a different configuration named {cfg.name!r} (fingerprint "
+                           f"{data['fingerprint']}, this run {fp}). Use another --out, or --overwrite to "
+                           "replace them")
+        elif not resume:
+            raise RunError(f"{rp} already holds the results of this configuration: pass --resume to keep them "
+                           "(and continue with the rest), or --overwrite to recompute")
+        else:
+            return data
+    if os.path.exists(ck):
+        if not resume:
+            raise RunError(f"{ck} is the checkpoint of an interrupted run of this configuration: pass --resume to "
+                           "continue it, or --overwrite to start again")
+        _read_checkpoint(ck, fp)
+    return None
 
 
 def run_one(cfg: Config, out_dir: str, *, device: str = "cpu", resume: bool = False, overwrite: bool = False,
@@ -183,30 +255,22 @@ def run_one(cfg: Config, out_dir: str, *, device: str = "cpu", resume: bool = Fa
     exp = get(cfg.experiment)
     rp, ck = result_path(out_dir, cfg), checkpoint_path(out_dir, cfg)
     fp = cfg.fingerprint()
-    if os.path.exists(rp):
-        if overwrite:
-            os.unlink(rp)
-        else:
-            data = _read_result(rp)
-            if data["fingerprint"] != fp:
-                raise RunError(f"{rp} holds results of a different configuration named {cfg.name!r} (fingerprint "
-                               f"{data['fingerprint']}, this run {fp}). Use another --out, or --overwrite to "
-                               "replace them")
-            if not resume:
-                raise RunError(f"{rp} already holds the results of this configuration: pass --resume to keep them "
-                               "(and continue with the rest), or --overwrite to recompute")
-            log(f"[skip] {cfg.key}: finished earlier (kept)")
-            return _result_from_data(data)
-    if os.path.exists(ck):
-        if overwrite:
-            os.unlink(ck)
-        elif not resume:
-            raise RunError(f"{ck} is the checkpoint of an interrupted run of this configuration: pass --resume to "
-                           "continue it, or --overwrite to start again")
+    kept = _existing(cfg, out_dir, resume=resume, overwrite=overwrite, log=log)
+    if kept is not None:
+        log(f"[skip] {cfg.key}: finished earlier (kept)")
+        return _result_from_data(kept)
     os.makedirs(config_dir(out_dir, cfg), exist_ok=True)
     ctx = _make_context(out_dir, cfg, device, progress, resume, log, checkpoint_every_s)
+    resuming = resume and os.path.exists(ck)
     t0 = time.perf_counter()
-    out: RunOutput = exp.run(cfg, ctx)
+    try:
+        out: RunOutput = exp.run(cfg, ctx)
+    except RuntimeError as exc:  # torch's load_state_dict on a checkpoint whose tensors were edited
+        if not (resuming and str(exc).startswith("Error(s) in loading state_dict")):
+            raise
+        why = " ".join(str(exc).split())
+        raise RunError(f"checkpoint {ck} does not fit the model of {cfg.key} ({why}); delete it, or rerun with "
+                       "--overwrite to start this configuration again") from None
     wall = time.perf_counter() - t0
     summ = exp.summary(cfg, out.records, out.extra)
     summaries = summ if isinstance(summ, list) else [summ]
@@ -221,34 +285,81 @@ def run_one(cfg: Config, out_dir: str, *, device: str = "cpu", resume: bool = Fa
     return _result_from_data(json.loads(dumps(data)))
 
 
+def _result_files(out_dir: str) -> List[str]:
+    """Every ``runs/<experiment>/<config>/result.json`` under ``out_dir``, sorted."""
+    root = os.path.join(out_dir, "runs")
+    found = []
+    if os.path.isdir(root):
+        for exp_name in sorted(os.listdir(root)):
+            d = os.path.join(root, exp_name)
+            for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+                rp = os.path.join(d, name, "result.json")
+                if os.path.exists(rp):
+                    found.append(rp)
+    return found
+
+
+def _prepare(configs: Sequence[Config], od: OutputDir, *, resume: bool, overwrite: bool, log) -> None:
+    """Every rule checked before any configuration trains; all problems in one :class:`RunError`."""
+    out_dir = od.path
+    problems = []
+    ours = {os.path.abspath(result_path(out_dir, c)) for c in configs}
+    experiments = {c.experiment for c in configs}
+    for rp in _result_files(out_dir):
+        data, problem = _load_result(rp)
+        if problem is None:
+            experiments.add(data["config"]["experiment"])
+        elif os.path.abspath(rp) not in ours:
+            problems.append(f"result file {rp} is damaged ({problem}); its configuration is not part of this run, "
+                            "whose summary and report gather every result in --out: delete that file, or choose "
+                            "another --out")
+    for name in ["summary.json", "report.md"] + [f"per_seed_{e}.csv" for e in sorted(experiments)]:
+        try:
+            od.check_replaceable(name)
+        except RunError as exc:
+            problems.append(str(exc))
+    if problems:  # before --overwrite deletes anything
+        raise RunError("\n".join(problems))
+    for cfg in configs:
+        try:
+            _existing(cfg, out_dir, resume=resume, overwrite=overwrite, log=log)
+        except RunError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise RunError("\n".join(problems))
+
+
 def run_configs(configs: Sequence[Config], out_dir: str, *, device: str = "cpu", resume: bool = False,
                 overwrite: bool = False, progress: bool = True, log=_log_default, meta: Optional[dict] = None,
                 checkpoint_every_s: float = 60.0, report_every_s: float = 60.0) -> List[ConfigResult]:
-    """Run every configuration in order, rebuilding the outputs after each; returns the results."""
+    """Run every configuration in order, rebuilding the outputs after each; returns the results.
+
+    ``out_dir`` is locked for the whole call (a second run into it is a :class:`RunError`)."""
     names = [c.key for c in configs]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ValueError(f"configuration names repeat: {sorted(dup)}")
-    os.makedirs(out_dir, exist_ok=True)
-    results = []
-    t_start = time.perf_counter()
-    last_report = -math.inf
-    for i, cfg in enumerate(configs):
-        log(f"[{i + 1}/{len(configs)}] {cfg.key}: {cfg.seeds} seeds x {cfg.steps} steps "
-            f"(elapsed {time.perf_counter() - t_start:.0f} s)")
-        r = run_one(cfg, out_dir, device=device, resume=resume, overwrite=overwrite, progress=progress, log=log,
-                    checkpoint_every_s=checkpoint_every_s)
-        log(f"[{i + 1}/{len(configs)}] {cfg.key}: done in {r.wall_s:.0f} s; " + _headline(r))
-        results.append(r)
-        # summary.json and the CSVs after every configuration; the report and its plots (slower)
-        # at most once a minute, and always at the end.
-        with_report = time.perf_counter() - last_report >= report_every_s
-        write_outputs(out_dir, meta=meta, order=names, report=with_report)
-        if with_report:
-            last_report = time.perf_counter()
-    meta = dict(meta or {})
-    meta["invocation_wall_s"] = time.perf_counter() - t_start
-    write_outputs(out_dir, meta=meta, order=names)
+    with OutputDir(out_dir, overwrite=overwrite) as od:
+        _prepare(configs, od, resume=resume, overwrite=overwrite, log=log)
+        results = []
+        t_start = time.perf_counter()
+        last_report = -math.inf
+        for i, cfg in enumerate(configs):
+            log(f"[{i + 1}/{len(configs)}] {cfg.key}: {cfg.seeds} seeds x {cfg.steps} steps "
+                f"(elapsed {time.perf_counter() - t_start:.0f} s)")
+            r = run_one(cfg, out_dir, device=device, resume=resume, overwrite=overwrite, progress=progress, log=log,
+                        checkpoint_every_s=checkpoint_every_s)
+            log(f"[{i + 1}/{len(configs)}] {cfg.key}: done in {r.wall_s:.0f} s; " + _headline(r))
+            results.append(r)
+            # summary.json and the CSVs after every configuration; the report and its plots (slower)
+            # at most once a minute, and always at the end (below).
+            with_report = i + 1 < len(configs) and time.perf_counter() - last_report >= report_every_s
+            write_outputs(out_dir, meta=meta, order=names, report=with_report, outdir=od)
+            if with_report:
+                last_report = time.perf_counter()
+        meta = dict(meta or {})
+        meta["invocation_wall_s"] = time.perf_counter() - t_start
+        write_outputs(out_dir, meta=meta, order=names, outdir=od)
     return results
 
 
@@ -270,15 +381,13 @@ def _headline(r: ConfigResult) -> str:
 
 def load_results(out_dir: str, order: Optional[Sequence[str]] = None) -> List[ConfigResult]:
     """Every finished configuration under ``out_dir`` (experiment order, then ``order``, then name)."""
-    root = os.path.join(out_dir, "runs")
     found = []
-    if os.path.isdir(root):
-        for exp_name in sorted(os.listdir(root)):
-            d = os.path.join(root, exp_name)
-            for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-                rp = os.path.join(d, name, "result.json")
-                if os.path.exists(rp):
-                    found.append(_result_from_data(_read_result(rp)))
+    for rp in _result_files(out_dir):
+        data, problem = _load_result(rp)
+        if problem is not None:
+            raise RunError(f"result file {rp} is damaged ({problem}); delete it, or rerun its configuration with "
+                           "--resume to recompute it")
+        found.append(_result_from_data(data))
     exp_order = {e.name: i for i, e in enumerate(all_experiments())}
     pos = {k: i for i, k in enumerate(order or [])}
     found.sort(key=lambda r: (exp_order.get(r.config.experiment, 10_000), r.config.experiment,
@@ -302,8 +411,13 @@ def _csv_text(rows: List[Dict[str, Any]]) -> str:
 
 
 def write_outputs(out_dir: str, meta: Optional[dict] = None, order: Optional[Sequence[str]] = None,
-                  report: bool = True) -> None:
-    """Rebuild ``summary.json``, ``per_seed_<experiment>.csv`` and (``report``) ``report.md`` and plots."""
+                  report: bool = True, outdir: Optional[OutputDir] = None) -> None:
+    """Rebuild ``summary.json``, ``per_seed_<experiment>.csv`` and (``report``) ``report.md`` and plots.
+
+    ``outdir``: the locked :class:`OutputDir` of a run in progress (else ``out_dir`` is locked here)."""
+    if outdir is None:
+        with OutputDir(out_dir) as od:
+            return write_outputs(out_dir, meta, order, report, outdir=od)
     results = load_results(out_dir, order)
     meta = dict(meta or {})
     meta.setdefault("generated", _dt.datetime.now().isoformat(timespec="seconds"))
@@ -319,17 +433,30 @@ def write_outputs(out_dir: str, meta: Optional[dict] = None, order: Optional[Seq
         pass
     meta["total_wall_s"] = sum(r.wall_s for r in results)
     records = [s for r in results for s in (r.summaries or [r.summary])]
-    atomic_write_text(os.path.join(out_dir, "summary.json"), dumps({"meta": meta, "records": records}))
     by_exp: Dict[str, List[ConfigResult]] = {}
     for r in results:
         by_exp.setdefault(r.config.experiment, []).append(r)
+    names = ["summary.json"] + [f"per_seed_{e}.csv" for e in by_exp] + (["report.md"] if report else [])
+    for name in names:  # all refusals before the first write
+        outdir.check_replaceable(name)
+    outdir.write_text("summary.json", dumps({"meta": meta, "records": records}))
     for exp_name, rs in by_exp.items():
         rows = []
         for r in rs:
             for rec in r.records:
                 rows.append({"experiment": exp_name, "config": r.config.name, **rec})
-        atomic_write_text(os.path.join(out_dir, f"per_seed_{exp_name}.csv"), _csv_text(rows))
+        outdir.write_text(f"per_seed_{exp_name}.csv", _csv_text(rows))
     if report:
         from . import report as _report
 
-        atomic_write_text(os.path.join(out_dir, "report.md"), _report.build_report(by_exp, out_dir, meta))
+        # The experiments' report sections write their plots themselves: into a staging directory,
+        # from which each moves to DIR only if it replaces nothing that nalu-cuda did not write.
+        with tempfile.TemporaryDirectory(prefix=".tmp-report-", dir=out_dir) as stage:
+            text = _report.build_report(by_exp, stage, meta)
+            plots = sorted(os.listdir(stage))
+            for name in plots:
+                outdir.check_replaceable(name)
+            for name in plots:
+                os.replace(os.path.join(stage, name), os.path.join(out_dir, name))
+            outdir.record(plots)
+        outdir.write_text("report.md", text)

@@ -27,8 +27,33 @@ def _exit_code(argv, capsys):
     (["static", "--interp", "2", "1"], "empty range"),
     (["static", "--interp", "1"], "pairs"),
     (["static", "--interp", "1", "2", "--extrap", "1.2", "1.8"], "inside the training range"),
-    (["static", "--seeds", "0"], "must be at least 1"),
-    (["static", "--steps", "-5"], "must be at least 1"),
+    (["static", "--seeds", "0"], "argument --seeds: expected an integer >= 1, got '0'"),
+    (["static", "--steps", "-5"], "argument --steps: expected an integer >= 1, got '-5'"),
+    (["static", "--steps", "1.5"], "argument --steps: expected an integer >= 1, got '1.5'"),
+    (["recurrent", "--clip", "-1"], "argument --clip: expected a finite number > 0, got '-1'"),
+    (["recurrent", "--clip", "0"], "argument --clip: expected a finite number > 0, got '0'"),
+    (["static", "--lr", "-1"], "argument --lr: expected a finite number > 0, got '-1'"),
+    (["identity", "--lr", "inf"], "argument --lr: expected a finite number > 0, got 'inf'"),
+    (["identity", "--train-range", "-5", "nan"], "argument --train-range: expected a finite number, got 'nan'"),
+    (["static", "--interp", "1", "inf"], "argument --interp: expected a finite number, got 'inf'"),
+    (["static", "--batch", "0"], "argument --batch: expected an integer >= 1, got '0'"),
+    (["static", "--n-test", "0"], "argument --n-test: expected an integer >= 1, got '0'"),
+    (["recurrent", "--train-length", "0"], "argument --train-length: expected an integer >= 1, got '0'"),
+    (["digits", "--max-train", "0"], "argument --max-train: expected an integer >= 1, got '0'"),
+    (["digits", "--pretrain-steps", "-1"], "argument --pretrain-steps: expected an integer >= 0, got '-1'"),
+    (["parity", "--max-train", "-3"], "argument --max-train: expected an integer >= 1, got '-3'"),
+    (["programs", "--hidden", "0"], "argument --hidden: expected an integer >= 1, got '0'"),
+    (["language", "--lrs", "0.1,nan"], "argument --lrs: expected a finite number > 0, got 'nan' (in the list"),
+    (["language", "--hidden", "10,"], "argument --hidden: expected a comma-separated list, got '10,'"),
+    (["language", "--split-seed", "-1"], "argument --split-seed: expected an integer >= 0, got '-1'"),
+    (["static", "--checkpoint-every", "-1"], "argument --checkpoint-every: expected a finite number >= 0, got '-1'"),
+    (["static", "--checkpoint-every", "nan"], "argument --checkpoint-every: expected a finite number >= 0, got 'nan'"),
+    (["static", "--threads", "0"], "argument --threads: expected an integer >= 1, got '0'"),
+    (["static", "--device", "meta"], "argument --device: device 'meta' cannot run the experiments here"),
+    (["static", "--device", "mps"], "argument --device: device 'mps' cannot run the experiments here"),
+    (["static", "--device", "tpu9"], "argument --device: unknown device 'tpu9'; allowed: cpu"),
+    (["reproduce", "--device", "meta"], "argument --device: device 'meta' cannot run the experiments here"),
+    (["reproduce", "--steps", "0"], "argument --steps: expected an integer >= 1, got '0'"),
     (["identity", "--model", "swish"], "unknown identity model"),
     (["recurrent", "--model", "transformer"], "unknown model"),
     (["recurrent", "--extrap-length", "5"], "inside training"),
@@ -40,6 +65,22 @@ def test_bad_arguments_exit_2(argv, message, capsys, tmp_path):
     code, err = _exit_code(argv + ["--out", str(tmp_path)] if argv[0] != "frobnicate" else argv, capsys)
     assert code == 2
     assert message in err
+
+
+def test_out_is_not_an_empty_path(capsys):
+    code, err = _exit_code(["static", "--out", ""], capsys)
+    assert code == 2 and "argument --out: expected a directory, got an empty path ''" in err
+
+
+def test_mnist_dir_without_the_files_exits_2(tmp_path, capsys):
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"")
+    for cmd in ("digits", "parity"):
+        code, err = _exit_code([cmd, "--mnist-dir", str(tmp_path), "--out", str(tmp_path / "out")], capsys)
+        assert code == 2
+        assert f"argument --mnist-dir: '{tmp_path}' has no train-labels-idx1-ubyte[.gz] file" in err
+        code, err = _exit_code([cmd, "--mnist-dir", str(tmp_path / "none"), "--out", str(tmp_path / "out")], capsys)
+        assert code == 2 and "which is not a directory" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_static_run_writes_every_output(tmp_path, capsys):
@@ -108,10 +149,15 @@ def test_corrupt_or_mismatched_files_are_refused(tmp_path):
     with pytest.raises(runner.RunError, match="different configuration"):
         runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
     os.unlink(runner.checkpoint_path(out, cfg))
-    with open(runner.result_path(out, cfg), "w") as f:
+    rp = runner.result_path(out, cfg)
+    with open(rp, "w") as f:
         f.write('{"truncated": ')
-    with pytest.raises(runner.RunError, match="corrupt"):
-        runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
+    with pytest.raises(runner.RunError, match="damaged"):
+        runner.run_one(cfg, out, progress=False, log=lambda m: None)
+    logs = []  # --resume recomputes a damaged result, says so, and keeps the damaged file aside
+    res = runner.run_one(cfg, out, resume=True, progress=False, log=logs.append)
+    assert len(res.records) == 1 and any("damaged" in m and rp in m for m in logs)
+    assert open(rp + ".damaged").read() == '{"truncated": '
     res = runner.run_one(cfg, out, overwrite=True, progress=False, log=lambda m: None)
     assert len(res.records) == 1
     runner.run_one(other, out, overwrite=True, progress=False, log=lambda m: None)

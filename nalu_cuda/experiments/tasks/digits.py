@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...cli import mnist_directory, non_negative_int, positive_int
 from .. import registry
 from ..parts.layers import EnsembleCNN, EnsembleLinear, ensemble_gather
 from ..parts.mnist_data import DigitImages, load_digit_images
@@ -325,11 +326,11 @@ def profile_configs(profile: str) -> List[registry.Config]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=TASKS + ("both",), default="both", help="counting, addition or both")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
-    parser.add_argument("--mnist-dir", default=None,
+    parser.add_argument("--mnist-dir", type=mnist_directory, default=None,
                         help="directory with the four MNIST IDX files (default: scikit-learn's bundled 8x8 digits)")
     parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="test sequence lengths")
-    parser.add_argument("--max-train", type=int, default=None, help="use only the first N training images")
-    parser.add_argument("--pretrain-steps", type=int, default=None,
+    parser.add_argument("--max-train", type=positive_int, default=None, help="use only the first N training images")
+    parser.add_argument("--pretrain-steps", type=non_negative_int, default=None,
                         help="CNN pre-training steps as a single-image classifier (default: the quick profile's)")
     add_backend_argument(parser)
 

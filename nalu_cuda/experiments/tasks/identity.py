@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ...cli import finite_float, positive_float
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_models import ACTIVATIONS, StackedNet, check_model, member_generators
 from ..parts.training import EvalSet, train_ensemble
@@ -167,8 +168,9 @@ def summarize(cfg: Config, records: List[Dict[str, Any]], extra: Dict[str, Any])
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", nargs="+", default=["all"], metavar="NAME",
                         help=f"nonlinearities and units: {', '.join(IDENTITY_MODELS)}, or 'all' (default)")
-    parser.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-2)")
-    parser.add_argument("--train-range", nargs=2, type=float, default=DEFAULTS["train_range"], metavar=("LO", "HI"),
+    parser.add_argument("--lr", type=positive_float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-2)")
+    parser.add_argument("--train-range", nargs=2, type=finite_float, default=DEFAULTS["train_range"],
+                        metavar=("LO", "HI"),
                         help="training range (default: -5 5)")
 
 

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 import nalu_cuda
 
+from ...cli import comma_list, non_negative_int, positive_float, positive_int
 from .. import registry
 from ..parts.layers import EnsembleEmbedding, EnsembleLinear
 from ..parts.optim import EnsembleAdam
@@ -314,10 +315,13 @@ def profile_configs(profile: str) -> List[registry.Config]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", default=",".join(HEADS), help=f"comma-separated subset of {','.join(HEADS)}")
-    parser.add_argument("--hidden", default="10,20", help="LSTM sizes tried in model selection (comma-separated)")
-    parser.add_argument("--emb", type=int, default=64, help="embedding size")
-    parser.add_argument("--lrs", default="0.01,0.1", help="learning rates tried in model selection")
-    parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/validation/test split")
+    parser.add_argument("--hidden", type=comma_list(positive_int), default="10,20",
+                        help="LSTM sizes tried in model selection (comma-separated)")
+    parser.add_argument("--emb", type=positive_int, default=64, help="embedding size")
+    parser.add_argument("--lrs", type=comma_list(positive_float), default="0.01,0.1",
+                        help="learning rates tried in model selection")
+    parser.add_argument("--split-seed", type=non_negative_int, default=0,
+                        help="seed of the train/validation/test split")
     add_backend_argument(parser)
 
 
@@ -326,14 +330,8 @@ def configs(args: argparse.Namespace) -> List[registry.Config]:
     bad = [h for h in heads if h not in HEADS]
     if bad or not heads:
         raise ValueError(f"--heads: expected a comma-separated subset of {','.join(HEADS)}, got {args.heads!r}")
-    try:
-        hidden = [int(x) for x in args.hidden.split(",") if x.strip()]
-        lrs = [float(x) for x in args.lrs.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError("--hidden takes integers and --lrs numbers, comma-separated") from None
-    if not hidden or min(hidden) < 1 or not lrs or min(lrs) <= 0 or args.emb < 1:
-        raise ValueError("--hidden, --emb and --lrs must be positive")
-    params: Dict[str, Any] = {"sizes": [[args.emb, h] for h in hidden], "lrs": lrs, "split_seed": args.split_seed}
+    params: Dict[str, Any] = {"sizes": [[args.emb, h] for h in args.hidden], "lrs": args.lrs,
+                              "split_seed": args.split_seed}
     seeds, steps = run_options(args, params, PROFILES["quick"])
     return make_configs(heads, seeds, steps, **params)
 

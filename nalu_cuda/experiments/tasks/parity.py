@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 import nalu_cuda
 
+from ...cli import mnist_directory, positive_int
 from .. import registry
 from ..parts.layers import EnsembleCNN, EnsembleLinear
 from ..parts.mnist_data import load_digit_images
@@ -179,10 +180,10 @@ def profile_configs(profile: str) -> List[registry.Config]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--finals", default=",".join(FINALS), help=f"comma-separated subset of {','.join(FINALS)}")
-    parser.add_argument("--digits", type=int, default=2, help="digits per image (the parity of their sum)")
-    parser.add_argument("--mnist-dir", default=None,
+    parser.add_argument("--digits", type=positive_int, default=2, help="digits per image (the parity of their sum)")
+    parser.add_argument("--mnist-dir", type=mnist_directory, default=None,
                         help="directory with the four MNIST IDX files (default: scikit-learn's bundled 8x8 digits)")
-    parser.add_argument("--max-train", type=int, default=None, help="use only the first N training images")
+    parser.add_argument("--max-train", type=positive_int, default=None, help="use only the first N training images")
     add_backend_argument(parser)
 
 

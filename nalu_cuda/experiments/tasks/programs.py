@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 import nalu_cuda
 
+from ...cli import positive_int
 from .. import registry
 from ..parts.layers import EnsembleEmbedding, EnsembleLinear, ensemble_gather
 from ..parts.optim import EnsembleAdam
@@ -244,7 +245,7 @@ def profile_configs(profile: str) -> List[registry.Config]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=TASKS + ("both",), default="both", help="add, program or both")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
-    parser.add_argument("--hidden", type=int, default=BASE_PARAMS["hidden"], help="recurrent units")
+    parser.add_argument("--hidden", type=positive_int, default=BASE_PARAMS["hidden"], help="recurrent units")
     add_backend_argument(parser)
 
 

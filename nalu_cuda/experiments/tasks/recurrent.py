@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_models import (RECURRENT_MODELS, build_recurrent_model, check_model, member_generators,
                                        sparsity_error, training_hooks)
@@ -226,15 +227,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"one or more of: {', '.join(RECURRENT_MODELS)} (default: nac)")
     parser.add_argument("--op", nargs="+", default=["add"], metavar="OP",
                         help=f"one or more of: {', '.join(ar.OPS)}, or 'all' (default: add)")
-    parser.add_argument("--interp", nargs="+", type=float, default=[1.0, 2.0], metavar="X",
+    parser.add_argument("--interp", nargs="+", type=finite_float, default=[1.0, 2.0], metavar="X",
                         help="input range for training and both tests: LO HI [LO HI ...] (default: 1 2)")
-    parser.add_argument("--extrap", nargs="+", type=float, default=None, metavar="X",
+    parser.add_argument("--extrap", nargs="+", type=finite_float, default=None, metavar="X",
                         help="input range of the extrapolation test (default: the --interp range)")
-    parser.add_argument("--train-length", type=int, default=DEFAULTS["train_length"], help="default: 10")
-    parser.add_argument("--extrap-length", type=int, default=DEFAULTS["extrap_length"], help="default: 1000")
-    parser.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-3)")
-    parser.add_argument("--eval-every", type=int, default=DEFAULTS["eval_every"], help="default: 1000")
-    parser.add_argument("--clip", type=float, default=None, help="per-member gradient-norm clipping (default: none)")
+    parser.add_argument("--train-length", type=positive_int, default=DEFAULTS["train_length"], help="default: 10")
+    parser.add_argument("--extrap-length", type=positive_int, default=DEFAULTS["extrap_length"], help="default: 1000")
+    parser.add_argument("--lr", type=positive_float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-3)")
+    parser.add_argument("--eval-every", type=positive_int, default=DEFAULTS["eval_every"], help="default: 1000")
+    parser.add_argument("--clip", type=positive_float, default=None,
+                        help="per-member gradient-norm clipping (default: none)")
     parser.add_argument("--backend", choices=("auto", "fused", "reference"), default="auto")
 
 

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_models import (ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model,
                                        member_generators, sparsity_error, training_hooks)
@@ -290,18 +291,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"one or more of: {', '.join(STATIC_MODELS)} (default: nac)")
     parser.add_argument("--op", nargs="+", default=["add"], metavar="OP",
                         help=f"one or more of: {', '.join(ar.OPS)}, or 'all' (default: add)")
-    parser.add_argument("--interp", nargs="+", type=float, default=[1.0, 2.0], metavar="X",
+    parser.add_argument("--interp", nargs="+", type=finite_float, default=[1.0, 2.0], metavar="X",
                         help="training/validation/interpolation range: LO HI [LO HI ...] (default: 1 2)")
-    parser.add_argument("--extrap", nargs="+", type=float, default=[2.0, 6.0], metavar="X",
+    parser.add_argument("--extrap", nargs="+", type=finite_float, default=[2.0, 6.0], metavar="X",
                         help="extrapolation test range: LO HI [LO HI ...] (default: 2 6)")
     parser.add_argument("--range-stress", action="store_true",
                         help="run Madsen & Johansen's range stress list instead of --interp/--extrap")
-    parser.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-3)")
-    parser.add_argument("--hidden", type=int, default=DEFAULTS["hidden"], help="hidden size (default: 2)")
-    parser.add_argument("--batch", type=int, default=DEFAULTS["batch"], help="batch size (default: 128)")
-    parser.add_argument("--eval-every", type=int, default=DEFAULTS["eval_every"],
+    parser.add_argument("--lr", type=positive_float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-3)")
+    parser.add_argument("--hidden", type=positive_int, default=DEFAULTS["hidden"], help="hidden size (default: 2)")
+    parser.add_argument("--batch", type=positive_int, default=DEFAULTS["batch"], help="batch size (default: 128)")
+    parser.add_argument("--eval-every", type=positive_int, default=DEFAULTS["eval_every"],
                         help="steps between evaluations (default: 1000)")
-    parser.add_argument("--n-test", type=int, default=DEFAULTS["n_test"],
+    parser.add_argument("--n-test", type=positive_int, default=DEFAULTS["n_test"],
                         help="size of the validation and test sets (default: 10000)")
     parser.add_argument("--backend", choices=("auto", "fused", "reference"), default="auto",
                         help="NAC/NALU implementation (default: auto)")
