@@ -95,7 +95,7 @@ def directory(text: str) -> str:
 
 def mnist_directory(text: str) -> str:
     """A directory holding the four MNIST IDX files; returned absolute."""
-    from .experiments.mnist import find_mnist_files
+    from .experiments.parts.mnist_data import find_mnist_files
 
     if not os.path.isdir(text):
         raise argparse.ArgumentTypeError(f"expected a directory with the four MNIST IDX files, got {text!r}, "

@@ -12,7 +12,7 @@ import torch
 
 from nalu_cuda import cli
 from nalu_cuda.experiments import outdir, report, runner
-from nalu_cuda.experiments.static import static_config
+from nalu_cuda.experiments.tasks.static import static_config
 
 TINY = ["static", "--model", "nac", "relu6", "--op", "add", "--seeds", "1", "--steps", "20", "--eval-every", "20",
         "--n-test", "100", "--no-progress"]
