@@ -242,10 +242,10 @@ def _existing(cfg: Config, out_dir: str, *, resume: bool, overwrite: bool, log) 
         else:
             return data
     if os.path.exists(ck):
+        _read_checkpoint(ck, fp)  # a corrupt one, or one of other settings, is named as such
         if not resume:
             raise RunError(f"{ck} is the checkpoint of an interrupted run of this configuration: pass --resume to "
                            "continue it, or --overwrite to start again")
-        _read_checkpoint(ck, fp)
     return None
 
 

@@ -131,6 +131,9 @@ def test_a_hand_edited_checkpoint_with_a_missing_field_is_named(tmp_path, monkey
     data = torch.load(ck, weights_only=True)
     history = data["state"].pop("history")
     torch.save(data, ck)
+    other = static_config("nac", ["add"], 1, 80, name=cfg.name, **SMALL)  # same name, other settings
+    with pytest.raises(runner.RunError, match=f"checkpoint {ck} belongs to a different configuration"):
+        runner.run_one(other, out, progress=False, log=lambda m: None)
     with pytest.raises(runner.RunError, match=f"checkpoint {ck} has no field 'state.history'"):
         runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
     data["state"]["history"] = history
