@@ -27,6 +27,7 @@ EXPERIMENT_MODULES = [
     "static",
     "recurrent",
     "digits", "language", "programs", "parity",
+    "gridworld",
 ]
 
 

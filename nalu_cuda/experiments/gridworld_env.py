@@ -219,6 +219,11 @@ class GridWorldVectorEnv(VectorEnv):
         self._np_random: Optional[np.random.Generator] = None
 
     @property
+    def slack(self) -> int:
+        """Steps after ``T`` at which an episode without arrival ends."""
+        return self._b.slack
+
+    @property
     def done(self) -> np.ndarray:
         """Which sub-environments have finished their episode (a copy)."""
         return self._b.done.copy()
