@@ -4,7 +4,7 @@ The environment is :mod:`.gridworld_env` (5x5 grid, 56x56 frames, instruction ``
 the red target exactly at step ``T``). The agents, ``E`` seeds in one batched model:
 
 * ``a3c``: the paper's A3C-style actor-critic. A convolutional encoder of the frame
-  (:class:`EnsembleCNN`, on the grey-scale frame average-pooled by ``pool``), an LSTM over
+  (:class:`ConvEncoder`, on the grey-scale frame average-pooled by ``pool``), an LSTM over
   ``concat(features, T)``, and linear policy (5 logits) and value heads on the LSTM state.
 * ``nac``: the same, plus a recurrent NAC (:class:`nalu_cuda.NAC`, fused) on the numerical state:
   ``n_t = NAC(concat(T, 1, n_{t-1}))`` with ``n_0 = 0`` (it can hold ``T - t`` exactly, a linear
@@ -43,14 +43,14 @@ import nalu_cuda
 from . import registry
 from .exp2_common import add_backend_argument, interval_summary, resolve_backend, resolve_device, run_options, seed_list, train_ensemble
 from .gridworld_env import ACTIONS, FRAME, GridWorldVectorEnv, positions, render_frames, to_image
-from .recurrent_units import EnsembleAdam, EnsembleCNN, EnsembleLinear, EnsembleLSTM, RecurrentArithmetic, member_generators
+from .recurrent_units import EnsembleAdam, EnsembleLinear, EnsembleLSTM, RecurrentArithmetic, member_generators
 from .report import fmt_num, md_table, plt, save_figure
 
 NAME = "gridworld"
 AGENTS = ("a3c", "nac")
 GREY = (0.299, 0.587, 0.114)  # ITU-R 601 luma weights for the grey-scale frame
 
-__all__ = ["GridAgent", "SteppedLSTM", "a2c_loss", "play", "evaluate_by_T", "claim_verdict", "AGENTS"]
+__all__ = ["GridAgent", "ConvEncoder", "SteppedLSTM", "a2c_loss", "play", "evaluate_by_T", "claim_verdict", "AGENTS"]
 
 
 class SteppedLSTM(EnsembleLSTM):
@@ -65,11 +65,52 @@ class SteppedLSTM(EnsembleLSTM):
         return h, (h, c)
 
 
+class ConvEncoder(nn.Module):
+    """The frame encoder of ``E`` members: strided convolutions with ReLU (grouped: member ``e`` owns
+    channel block ``e``), then ``features`` ReLU units. ``layers``: ``(channels, kernel, stride)``
+    per convolution. Unlike :class:`EnsembleCNN` there is no max-pooling, which would blur where
+    the agent and the target are (the A3C encoder of Mnih et al. 2016 has none either).
+    Input ``(E, B, H, W)``, output ``(E, B, features)``."""
+
+    def __init__(self, ensemble: int, side: int, layers: Sequence[Sequence[int]], features: int) -> None:
+        super().__init__()
+        self.E = ensemble
+        convs, c_in = [], 1
+        for c, k, stride in layers:
+            convs.append(nn.Conv2d(ensemble * c_in, ensemble * c, k, stride=stride, padding=k // 2 if stride == 1 else
+                                   (k - stride + 1) // 2, groups=ensemble))
+            c_in = c
+            side = (side + 2 * convs[-1].padding[0] - k) // stride + 1
+        self.convs = nn.ModuleList(convs)
+        self.flat = c_in * side * side
+        self.out = EnsembleLinear(ensemble, self.flat, features)
+
+    def reset_parameters(self, gens: Sequence[torch.Generator]) -> None:
+        """PyTorch's default per member: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases."""
+        with torch.no_grad():
+            for conv in self.convs:
+                w = conv.weight.view(self.E, -1, *conv.weight.shape[1:])
+                b = conv.bias.view(self.E, -1)
+                bound = 1.0 / math.sqrt(w[0, 0].numel())
+                for e, g in enumerate(gens):
+                    w[e].copy_(torch.empty(w[e].shape).uniform_(-bound, bound, generator=g))
+                    b[e].copy_(torch.empty(b[e].shape).uniform_(-bound, bound, generator=g))
+        self.out.reset_parameters(gens)
+
+    def forward(self, images: Tensor) -> Tensor:
+        E, B, H, W = images.shape
+        x = images.transpose(0, 1)  # (B, E, H, W): member e is input channel e
+        for conv in self.convs:
+            x = F.relu(conv(x))
+        return F.relu(self.out(x.reshape(B, E, self.flat).transpose(0, 1)))
+
+
 class GridAgent(nn.Module):
     """``E`` actor-critics in one model (see the module docstring); ``kind`` is ``a3c`` or ``nac``."""
 
-    def __init__(self, ensemble: int, kind: str, *, hidden: int = 64, features: int = 64, channels=(8, 16),
-                 pool: int = 4, nac_size: int = 2, backend: str = "auto") -> None:
+    def __init__(self, ensemble: int, kind: str, *, hidden: int = 64, features: int = 64,
+                 conv: Sequence[Sequence[int]] = ((16, 3, 1), (32, 3, 2)), pool: int = 4, nac_size: int = 2,
+                 backend: str = "auto") -> None:
         super().__init__()
         if kind not in AGENTS:
             raise ValueError(f"gridworld: agent must be one of {AGENTS}, got {kind!r}")
@@ -77,7 +118,7 @@ class GridAgent(nn.Module):
             raise ValueError(f"gridworld: pool must divide the frame size {FRAME}, got {pool}")
         self.E, self.kind, self.pool = ensemble, kind, pool
         side = FRAME // pool
-        self.encoder = EnsembleCNN(ensemble, (side, side), 0, channels=tuple(channels), hidden=features, final=False)
+        self.encoder = ConvEncoder(ensemble, side, conv, features)
         self.lstm = SteppedLSTM(ensemble, features + 1, hidden)
         self.nac = RecurrentArithmetic(ensemble, 2, nac_size, kind="nac", backend=backend) if kind == "nac" else None
         head_in = hidden + (nac_size if self.nac is not None else 0)
@@ -109,7 +150,7 @@ class GridAgent(nn.Module):
         """One step of every episode: frames ``(E, B, 3, 56, 56)`` uint8, instruction ``(E, B, 1)``.
         Returns logits ``(E, B, 5)``, values ``(E, B)`` and the next state."""
         h, c, n = state
-        x = torch.cat([self.encoder.features(self.frames(frames)), instruction], dim=-1)
+        x = torch.cat([self.encoder(self.frames(frames)), instruction], dim=-1)
         out, (h, c) = self.lstm.step(x, (h, c))
         if self.nac is not None:
             n = self.nac.cell(torch.cat([instruction, torch.ones_like(instruction), n], dim=-1))
@@ -228,7 +269,7 @@ BASE_PARAMS: Dict[str, Any] = {
     "t_low": 5, "t_high": 12, "slack": 5,
     "envs": 16,            # episodes per seed and update
     "lr": 1e-3, "clip": 1.0, "gamma": 0.99, "lmbda": 0.95, "value_coef": 0.5, "entropy_coef": 0.01,
-    "hidden": 64, "features": 64, "channels": [8, 16], "pool": 4, "nac_size": 2,
+    "hidden": 64, "features": 64, "conv": [[16, 3, 1], [32, 3, 2]], "pool": 4, "nac_size": 2,
     "eval_every": 50, "n_val": 64,
     "eval_t_max": 25, "episodes": 20, "render_T": [8, 16],
 }
@@ -240,7 +281,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     dtype = getattr(torch, ctx.dtype or "float32")
     seeds = seed_list(config)
     E = len(seeds)
-    model = GridAgent(E, p["agent"], hidden=int(p["hidden"]), features=int(p["features"]), channels=p["channels"],
+    model = GridAgent(E, p["agent"], hidden=int(p["hidden"]), features=int(p["features"]), conv=p["conv"],
                       pool=int(p["pool"]), nac_size=int(p["nac_size"]), backend=resolve_backend(config, ctx))
     model.reset_parameters(seeds)
     model.to(device=device, dtype=dtype)
@@ -298,7 +339,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
 PROFILES = {
     "quick": {"seeds": 4, "steps": 400, "params": {}},
     "paper": {"seeds": 10, "steps": 20000,
-              "params": {"envs": 32, "pool": 1, "hidden": 256, "features": 256, "channels": [16, 32],
+              "params": {"envs": 32, "pool": 1, "hidden": 256, "features": 256, "conv": [[16, 8, 4], [32, 4, 2]],
                          "lr": 7e-4, "episodes": 100, "eval_every": 500, "n_val": 256, "eval_t_max": 30}},
 }
 

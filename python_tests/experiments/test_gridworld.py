@@ -128,7 +128,7 @@ def test_lstm_step_matches_the_sequence_lstm():
 @pytest.mark.parametrize("kind", gw.AGENTS)
 def test_agent_shapes_and_members_are_independent(kind):
     E, B = 3, 4
-    agent = gw.GridAgent(E, kind, hidden=8, features=8, channels=(2, 4))
+    agent = gw.GridAgent(E, kind, hidden=8, features=8, conv=((2, 3, 1), (4, 3, 2)))
     agent.reset_parameters([0, 1, 2])
     env = GridWorldVectorEnv(E * B)
     obs, _ = env.reset(seed=0)
