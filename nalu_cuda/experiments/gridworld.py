@@ -337,7 +337,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
 # ------------------------------------------------------------------------------------------------
 
 PROFILES = {
-    "quick": {"seeds": 4, "steps": 400, "params": {}},
+    "quick": {"seeds": 4, "steps": 150, "params": {"episodes": 10}},
     "paper": {"seeds": 10, "steps": 20000,
               "params": {"envs": 32, "pool": 1, "hidden": 256, "features": 256, "conv": [[16, 8, 4], [32, 4, 2]],
                          "lr": 7e-4, "episodes": 100, "eval_every": 500, "n_val": 256, "eval_t_max": 30}},
