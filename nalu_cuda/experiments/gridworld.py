@@ -21,6 +21,10 @@ clipping, model selection on the mean greedy return over fixed training-range ep
 checkpoints for ``--resume``), and the tests check that this loss and its gradient equal TorchRL's
 ``A2CLoss`` on one seed.
 
+Streams: each seed has its own initialisation; the episodes (start cells, ``T``) and the sampled
+actions come from one stream for the whole ensemble (one vector environment), so a seed's episodes
+depend on the ensemble's size (a run with the same seeds repeats exactly, and resumes bit for bit).
+
 Evaluation: greedy actions, ``episodes`` episodes per seed for every ``T`` in ``1..eval_t_max``;
 success = arrival at exactly ``t = T``. The report plots the success rate against ``T`` for both
 agents with 95% Wilson intervals (episodes pooled over seeds), checks the paper's claim by the rule
@@ -450,11 +454,13 @@ def _plot_fig5(by: Dict[str, registry.ConfigResult], out_dir: str) -> str:
         ax.plot(Ts, 100 * rate, "o-", ms=3, color=COLORS[a], label=LABELS[a])
         ax.fill_between(Ts, 100 * ci[:, 0], 100 * ci[:, 1], color=COLORS[a], alpha=0.2)
     lo, hi = next(iter(by.values())).extra["t_range"]
-    ax.axvspan(lo - 0.5, hi + 0.5, color="0.85", zorder=0, label=f"training range U{{{lo}, {hi}}}")
+    ax.axvspan(lo - 0.5, hi + 0.5, color="0.93", zorder=0, label=f"training range U{{{lo}, {hi}}}")
+    ax.axvline(13.5, color="tab:blue", ls=":", lw=1, label="paper: A3C deteriorates beyond T = 13")
+    ax.axvline(19.5, color="tab:red", ls=":", lw=1, label="paper: NAC agent holds up to T = 19")
     ax.set_xlabel("instruction T (steps to arrival)")
     ax.set_ylabel("arrived exactly at t = T (%)")
     ax.set_ylim(-3, 103)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     ax.set_title("Grid-world time tracking (cf. Trask et al. 2018, Fig. 5)", fontsize=9)
     return save_figure(fig, out_dir, "gridworld_fig5.png")
 
@@ -469,33 +475,31 @@ def _episode_frames(ep: Dict[str, Any]) -> np.ndarray:
 
 
 def _plot_episodes(by: Dict[str, registry.ConfigResult], out_dir: str) -> Tuple[str, Optional[str]]:
-    """A strip of frames per shown episode (PNG) and one GIF of the same episodes."""
-    rows = [(a, ep) for a, r in by.items() for ep in r.extra.get("render", [])]
-    width = max(len(_episode_frames(ep)) for _, ep in rows)
-    fig, axes = plt().subplots(len(rows), width, figsize=(0.62 * width, 0.78 * len(rows)), squeeze=False)
+    """A strip of frames per shown episode (one PNG, a row per episode) and a GIF of the same episodes."""
+    rows = [(a, ep, _episode_frames(ep)) for a, r in by.items() for ep in r.extra.get("render", [])]
+    width = max(len(frames) for _, _, frames in rows)
+    gap = 4
+    fig, axes = plt().subplots(len(rows), 1, figsize=(0.5 * width + 1.6, 0.62 * len(rows)), squeeze=False)
     gif = []
-    for i, (a, ep) in enumerate(rows):
-        frames = _episode_frames(ep)
-        for j in range(width):
-            ax = axes[i][j]
-            ax.axis("off")
-            if j < len(frames):
-                ax.imshow(to_image(frames[j]), interpolation="nearest")
-                ax.set_title(f"t={j}", fontsize=5, pad=1)
+    for ax, (a, ep, frames) in zip(axes[:, 0], rows):
+        strip = np.full((FRAME, width * (FRAME + gap), 3), 255, dtype=np.uint8)
+        for j, f in enumerate(frames):
+            strip[:, j * (FRAME + gap):j * (FRAME + gap) + FRAME] = to_image(f)
+        ax.imshow(strip, interpolation="nearest")
+        ax.set_xticks([j * (FRAME + gap) + FRAME // 2 for j in range(0, width, 2)])
+        ax.set_xticklabels([f"t={j}" for j in range(0, width, 2)], fontsize=5)
+        ax.set_yticks([])
         ok = "on time" if ep["arrived_at"] == ep["T"] else (f"arrived at t={ep['arrived_at']}" if ep["arrived_at"]
                                                           else "did not arrive")
-        axes[i][0].text(-8, 28, f"{LABELS[a]}\nT={ep['T']}: {ok}", fontsize=5, ha="right", va="center")
+        ax.set_ylabel(f"{LABELS[a]}\nT={ep['T']}: {ok}", fontsize=5, rotation=0, ha="right", va="center")
         gif += [to_image(f) for f in frames] + [to_image(frames[-1])] * 2
-    strip = save_figure(fig, out_dir, "gridworld_episodes.png", dpi=130)
-    try:
-        from PIL import Image
+    strip_name = save_figure(fig, out_dir, "gridworld_episodes.png", dpi=130)
+    from PIL import Image  # Pillow comes with matplotlib
 
-        imgs = [Image.fromarray(f).resize((112, 112), Image.NEAREST) for f in gif]
-        imgs[0].save(os.path.join(out_dir, "gridworld_episodes.gif"), save_all=True, append_images=imgs[1:],
-                     duration=250, loop=0)
-        return strip, "gridworld_episodes.gif"
-    except ImportError:  # Pillow comes with matplotlib; the strip alone still shows the episodes
-        return strip, None
+    imgs = [Image.fromarray(f).resize((112, 112), Image.NEAREST) for f in gif]
+    imgs[0].save(os.path.join(out_dir, "gridworld_episodes.gif"), save_all=True, append_images=imgs[1:],
+                 duration=250, loop=0)
+    return strip_name, "gridworld_episodes.gif"
 
 
 def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> str:
@@ -535,7 +539,7 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     strip, gif = _plot_episodes(by, out_dir)
     lines.append("Episodes of seed 0 (greedy; gray: agent, red: target; the row label says when it arrived):")
     lines.append("")
-    lines.append(f"![episodes]({strip})" + (f" ([animation]({gif}))" if gif else ""))
+    lines.append(f"![episodes]({strip}) ([animation]({gif}))")
     lines.append("")
     return "\n".join(lines)
 
