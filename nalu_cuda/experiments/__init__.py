@@ -41,6 +41,7 @@ EXPERIMENT_MODULES = [
     "tasks.static",
     "tasks.recurrent",
     "tasks.digits", "tasks.language", "tasks.programs", "tasks.parity",
+    "tasks.gridworld",
 ]
 
 

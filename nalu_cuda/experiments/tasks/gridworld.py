@@ -1,0 +1,562 @@
+"""Time tracking in a grid world (Trask et al. 2018, Fig. 5): an A3C agent with and without a NAC.
+
+The environment is :mod:`.gridworld_env` (5x5 grid, 56x56 frames, instruction ``T``: arrive at
+the red target exactly at step ``T``). The agents, ``E`` seeds in one batched model:
+
+* ``a3c``: the paper's A3C-style actor-critic. A convolutional encoder of the frame
+  (:class:`ConvEncoder`, on the grey-scale frame average-pooled by ``pool``), an LSTM over
+  ``concat(features, T)``, and linear policy (5 logits) and value heads on the LSTM state.
+* ``nac``: the same, plus a recurrent NAC (:class:`nalu_cuda.NAC`, fused) on the numerical state:
+  ``n_t = NAC(concat(T, 1, n_{t-1}))`` with ``n_0 = 0`` (it can hold ``T - t`` exactly, a linear
+  count), and the heads read ``concat(h_t, n_t)``.
+
+Training is synchronous advantage actor-critic (A2C, the batched form of A3C): every update plays
+``envs`` whole episodes per seed with ``T ~ U{t_low, t_high}``, all seeds and episodes stepping at
+once in one :class:`GridWorldVectorEnv`, and minimises per seed
+``-mean(log pi(a) * A) + value_coef * mean((R - V)^2) / 2 - entropy_coef * mean(H(pi))``, with the
+advantages ``A`` and returns ``R = A + V`` from generalised advantage estimation (TorchRL's
+``generalized_advantage_estimate``). Stable-Baselines3 and TorchRL train one model per run; here
+all seeds are one ensemble (the shared :func:`train_ensemble` loop: per-seed Adam and gradient
+clipping, model selection on the mean greedy return over fixed training-range episodes,
+checkpoints for ``--resume``), and the tests check that this loss and its gradient equal TorchRL's
+``A2CLoss`` on one seed.
+
+Streams: each seed has its own initialisation; the episodes (start cells, ``T``) and the sampled
+actions come from one stream for the whole ensemble (one vector environment), so a seed's episodes
+depend on the ensemble's size (a run with the same seeds repeats exactly, and resumes bit for bit).
+
+Evaluation: greedy actions, ``episodes`` episodes per seed for every ``T`` in ``1..eval_t_max``;
+success = arrival at exactly ``t = T``. The report plots the success rate against ``T`` for both
+agents with 95% Wilson intervals (episodes pooled over seeds), checks the paper's claim by the rule
+in :func:`claim_verdict`, and shows a few rendered episodes.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import nalu_cuda
+
+from .. import registry
+from ..parts.gridworld_env import ACTIONS, FRAME, GridWorldVectorEnv, positions, render_frames, to_image
+from ..parts.layers import EnsembleLinear
+from ..parts.optim import EnsembleAdam
+from ..parts.seeding import member_generators
+from ..parts.sequence_models import EnsembleLSTM, RecurrentArithmetic
+from ..parts.training import train_sequence_ensemble
+from ..plugin import add_backend_argument, resolve_backend, resolve_device, run_options, seed_list
+from ..report import fmt_num, md_table, plt, save_figure
+from ..stats import interval_summary
+
+NAME = "gridworld"
+AGENTS = ("a3c", "nac")
+GREY = (0.299, 0.587, 0.114)  # ITU-R 601 luma weights for the grey-scale frame
+
+__all__ = ["GridAgent", "ConvEncoder", "SteppedLSTM", "a2c_loss", "play", "evaluate_by_T", "claim_verdict", "AGENTS"]
+
+
+class SteppedLSTM(EnsembleLSTM):
+    """:class:`EnsembleLSTM` one step at a time (an agent acts before it sees the next frame)."""
+
+    def step(self, x: Tensor, state: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        """``x (E, B, in)``, ``state = (h, c)`` each ``(E, B, H)``; PyTorch's LSTM equations."""
+        h, c = state
+        i, f, g, o = (self.x2h(x) + self.h2h(h)).chunk(4, dim=-1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        return h, (h, c)
+
+
+class ConvEncoder(nn.Module):
+    """The frame encoder of ``E`` members: strided convolutions with ReLU (grouped: member ``e`` owns
+    channel block ``e``), then ``features`` ReLU units. ``layers``: ``(channels, kernel, stride)``
+    per convolution. Unlike :class:`EnsembleCNN` there is no max-pooling, which would blur where
+    the agent and the target are (the A3C encoder of Mnih et al. 2016 has none either).
+    Input ``(E, B, H, W)``, output ``(E, B, features)``."""
+
+    def __init__(self, ensemble: int, side: int, layers: Sequence[Sequence[int]], features: int) -> None:
+        super().__init__()
+        self.E = ensemble
+        convs, c_in = [], 1
+        for c, k, stride in layers:
+            convs.append(nn.Conv2d(ensemble * c_in, ensemble * c, k, stride=stride, padding=k // 2 if stride == 1 else
+                                   (k - stride + 1) // 2, groups=ensemble))
+            c_in = c
+            side = (side + 2 * convs[-1].padding[0] - k) // stride + 1
+        self.convs = nn.ModuleList(convs)
+        self.flat = c_in * side * side
+        self.out = EnsembleLinear(self.flat, features, ensemble=ensemble)
+
+    def reset_parameters(self, gens: Sequence[torch.Generator]) -> None:
+        """PyTorch's default per member: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases."""
+        with torch.no_grad():
+            for conv in self.convs:
+                w = conv.weight.view(self.E, -1, *conv.weight.shape[1:])
+                b = conv.bias.view(self.E, -1)
+                bound = 1.0 / math.sqrt(w[0, 0].numel())
+                for e, g in enumerate(gens):
+                    w[e].copy_(torch.empty(w[e].shape).uniform_(-bound, bound, generator=g))
+                    b[e].copy_(torch.empty(b[e].shape).uniform_(-bound, bound, generator=g))
+        self.out.reset_parameters(gens)
+
+    def forward(self, images: Tensor) -> Tensor:
+        E, B, H, W = images.shape
+        x = images.transpose(0, 1)  # (B, E, H, W): member e is input channel e
+        for conv in self.convs:
+            x = F.relu(conv(x))
+        return F.relu(self.out(x.reshape(B, E, self.flat).transpose(0, 1)))
+
+
+class GridAgent(nn.Module):
+    """``E`` actor-critics in one model (see the module docstring); ``kind`` is ``a3c`` or ``nac``."""
+
+    def __init__(self, ensemble: int, kind: str, *, hidden: int = 64, features: int = 64,
+                 conv: Sequence[Sequence[int]] = ((16, 3, 1), (32, 3, 2)), pool: int = 4, nac_size: int = 2,
+                 backend: str = "auto") -> None:
+        super().__init__()
+        if kind not in AGENTS:
+            raise ValueError(f"gridworld: agent must be one of {AGENTS}, got {kind!r}")
+        if pool < 1 or FRAME % pool:
+            raise ValueError(f"gridworld: pool must divide the frame size {FRAME}, got {pool}")
+        self.E, self.kind, self.pool = ensemble, kind, pool
+        side = FRAME // pool
+        self.encoder = ConvEncoder(ensemble, side, conv, features)
+        self.lstm = SteppedLSTM(features + 1, hidden, ensemble=ensemble)
+        self.nac = RecurrentArithmetic(2, nac_size, ensemble=ensemble, kind="nac", backend=backend) if kind == "nac" else None
+        head_in = hidden + (nac_size if self.nac is not None else 0)
+        self.policy = EnsembleLinear(head_in, len(ACTIONS), ensemble=ensemble)
+        self.value = EnsembleLinear(head_in, 1, ensemble=ensemble)
+        grey = torch.tensor(GREY).reshape(1, 3, 1, 1).expand(1, 3, pool, pool) / (255.0 * pool * pool)
+        self.register_buffer("grey", grey.contiguous(), persistent=False)
+
+    def reset_parameters(self, seeds: Sequence[int]) -> None:
+        for salt, part in enumerate((self.encoder, self.lstm, self.nac, self.policy, self.value)):
+            if part is not None:
+                part.reset_parameters(member_generators(seeds, 140 + salt))
+
+    def initial_state(self, batch: int) -> Tuple[Tensor, ...]:
+        p = self.policy.weight
+        zeros = lambda n: p.new_zeros(self.E, batch, n)  # noqa: E731
+        n = zeros(self.nac.hidden_size) if self.nac is not None else zeros(0)
+        return zeros(self.lstm.hidden_size), zeros(self.lstm.hidden_size), n
+
+    def frames(self, frames: Tensor) -> Tensor:
+        """uint8 ``(E, B, 3, 56, 56)`` -> grey-scale in [0, 1], average-pooled: ``(E, B, 56/pool, 56/pool)``
+        (one strided convolution: the luma weights over the channels, the mean over pool x pool pixels)."""
+        E, B = frames.shape[:2]
+        x = frames.reshape(E * B, 3, FRAME, FRAME).to(self.grey.dtype)
+        side = FRAME // self.pool
+        return F.conv2d(x, self.grey, stride=self.pool).reshape(E, B, side, side)
+
+    def step(self, frames: Tensor, instruction: Tensor, state: Tuple[Tensor, ...]):
+        """One step of every episode: frames ``(E, B, 3, 56, 56)`` uint8, instruction ``(E, B, 1)``.
+        Returns logits ``(E, B, 5)``, values ``(E, B)`` and the next state."""
+        h, c, n = state
+        x = torch.cat([self.encoder(self.frames(frames)), instruction], dim=-1)
+        out, (h, c) = self.lstm.step(x, (h, c))
+        if self.nac is not None:
+            n = self.nac.cell(torch.cat([instruction, torch.ones_like(instruction), n], dim=-1))
+            out = torch.cat([out, n], dim=-1)
+        return self.policy(out), self.value(out).squeeze(-1), (h, c, n)
+
+
+def a2c_loss(logits: Tensor, values: Tensor, actions: Tensor, rewards: Tensor, done: Tensor, mask: Tensor, *,
+             gamma: float, lmbda: float, value_coef: float, entropy_coef: float) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """Per-member A2C loss ``(E,)`` of whole episodes.
+
+    ``logits (E, B, L, 5)``, ``values``, ``rewards``, ``done`` (the step ended the episode) and
+    ``mask`` (the step belongs to the episode) ``(E, B, L)``, ``actions (E, B, L)``. Every term is a
+    mean over the member's valid steps. Advantages: TorchRL's GAE on the detached values.
+    """
+    from torchrl.objectives.value.functional import generalized_advantage_estimate
+
+    v = values.detach()
+    next_v = torch.cat([v[..., 1:], torch.zeros_like(v[..., :1])], dim=-1)
+    adv, ret = generalized_advantage_estimate(gamma, lmbda, v.unsqueeze(-1), next_v.unsqueeze(-1),
+                                              rewards.unsqueeze(-1), done.unsqueeze(-1), time_dim=-2)
+    adv, ret = adv.squeeze(-1), ret.squeeze(-1)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    m = mask.to(logits.dtype)
+    count = m.sum((1, 2)).clamp(min=1)
+    mean = lambda t: (t * m).sum((1, 2)) / count  # noqa: E731
+    policy_loss = -mean(logp * adv)
+    value_loss = 0.5 * mean((ret - values) ** 2)
+    ent = mean(entropy)
+    loss = policy_loss + value_coef * value_loss - entropy_coef * ent
+    return loss, {"policy": policy_loss.detach(), "value": value_loss.detach(), "entropy": ent.detach()}
+
+
+def _seed_from(gen: torch.Generator) -> int:
+    return int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen))
+
+
+def play(model: GridAgent, env: GridWorldVectorEnv, *, seed: int, T: Optional[np.ndarray] = None, greedy: bool = False,
+         act_gen: Optional[torch.Generator] = None, record: bool = False) -> Dict[str, Any]:
+    """Play one episode in each of the ``E * B`` sub-environments of ``env`` (member ``e`` owns
+    sub-environments ``e * B .. e * B + B - 1``) until all have ended.
+
+    Returns per-step tensors ``(E, B, L)``: logits ``(E, B, L, 5)``, values, actions, rewards, done,
+    mask; and per episode ``arrived_at`` (step of arrival, 0 for none) and ``success`` ``(E, B)``.
+    ``record``: also the agent's cells per step (``(E, B, L + 1)``) and the target cells.
+    """
+    E = model.E
+    B = env.num_envs // E
+    device = model.policy.weight.device
+    obs, info = env.reset(seed=seed, options=None if T is None else {"T": T})
+    max_len = int(info["T"].max()) + env.slack
+    state = model.initial_state(B)
+    out: Dict[str, List[Tensor]] = {k: [] for k in ("logits", "values", "actions", "rewards", "done", "mask")}
+    arrived_at = np.zeros(env.num_envs, dtype=np.int64)
+    success = np.zeros(env.num_envs, dtype=bool)
+    cells = [positions(env)[0]] if record else None
+    target = positions(env)[1] if record else None
+    for t in range(1, max_len + 1):
+        frames = torch.from_numpy(obs["frame"]).to(device).reshape(E, B, 3, FRAME, FRAME)
+        instr = torch.from_numpy(obs["instruction"]).to(device=device, dtype=model.policy.weight.dtype).reshape(E, B, 1)
+        logits, value, state = model.step(frames, instr, state)
+        if greedy:
+            a = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits.detach().float(), -1).reshape(E * B, -1).cpu()
+            a = torch.multinomial(probs, 1, generator=act_gen).reshape(E, B).to(device)
+        live = ~env.done
+        obs, reward, terminated, _, step_info = env.step(a.reshape(-1).cpu().numpy())
+        arrived_at = np.where(step_info["arrived"], t, arrived_at)
+        success |= step_info["success"]
+        for k, val in (("logits", logits), ("values", value), ("actions", a)):
+            out[k].append(val)
+        for k, val in (("rewards", reward), ("done", terminated & live), ("mask", live)):
+            out[k].append(torch.from_numpy(np.asarray(val)).to(device).reshape(E, B))
+        if record:
+            cells.append(positions(env)[0])
+        if terminated.all():
+            break
+    res: Dict[str, Any] = {k: torch.stack(v, dim=2) for k, v in out.items()}
+    res["rewards"] = res["rewards"].to(model.policy.weight.dtype)
+    res["arrived_at"] = torch.from_numpy(arrived_at).reshape(E, B)
+    res["success"] = torch.from_numpy(success).reshape(E, B)
+    res["T"] = torch.from_numpy(info["T"]).reshape(E, B)
+    if record:
+        res["cells"] = np.stack(cells, axis=1).reshape(E, B, -1)
+        res["target"] = target.reshape(E, B)
+    return res
+
+
+@torch.no_grad()
+def evaluate_by_T(model: GridAgent, Ts: Sequence[int], episodes: int, *, seed: int, slack: int = 5,
+                  chunk: int = 4096) -> np.ndarray:
+    """Greedy successes per member and instruction: ``(E, len(Ts))`` counts out of ``episodes``."""
+    E = model.E
+    Ts = [int(t) for t in Ts]
+    jobs = np.repeat(np.asarray(Ts, dtype=np.int64), episodes)  # every member plays the same list
+    counts = np.zeros((E, len(Ts)), dtype=np.int64)
+    per = max(1, chunk // E)
+    for start in range(0, len(jobs), per):
+        part = jobs[start:start + per]
+        env = GridWorldVectorEnv(E * len(part), t_low=min(Ts), t_high=max(Ts), slack=slack)
+        res = play(model, env, seed=seed + start, T=np.tile(part, E), greedy=True)
+        succ = res["success"].numpy()
+        for j, T in enumerate(part):
+            counts[:, Ts.index(int(T))] += succ[:, j]
+    return counts
+
+
+# ------------------------------------------------------------------------------------------------
+# Run
+# ------------------------------------------------------------------------------------------------
+
+BASE_PARAMS: Dict[str, Any] = {
+    "t_low": 5, "t_high": 12, "slack": 5,
+    "envs": 16,            # episodes per seed and update
+    "lr": 1e-3, "clip": 1.0, "gamma": 0.99, "lmbda": 0.95, "value_coef": 0.5, "entropy_coef": 0.01,
+    "hidden": 64, "features": 64, "conv": [[16, 3, 1], [32, 3, 2]], "pool": 4, "nac_size": 2,
+    "eval_every": 50, "n_val": 64,
+    "eval_t_max": 25, "episodes": 20, "render_T": [8, 16],
+}
+
+
+def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
+    p = {**BASE_PARAMS, **config.params}
+    device = resolve_device(ctx)
+    dtype = getattr(torch, ctx.dtype or "float32")
+    seeds = seed_list(config)
+    E = len(seeds)
+    model = GridAgent(E, p["agent"], hidden=int(p["hidden"]), features=int(p["features"]), conv=p["conv"],
+                      pool=int(p["pool"]), nac_size=int(p["nac_size"]), backend=resolve_backend(config, ctx))
+    model.reset_parameters(seeds)
+    model.to(device=device, dtype=dtype)
+    opt = EnsembleAdam(model.parameters(), E, float(p["lr"]), clip=float(p["clip"]))
+    env_gen, act_gen = member_generators(seeds[:1], 150)[0], member_generators(seeds[:1], 151)[0]
+    lo, hi, slack = int(p["t_low"]), int(p["t_high"]), int(p["slack"])
+    train_env = GridWorldVectorEnv(E * int(p["envs"]), t_low=lo, t_high=hi, slack=slack)
+    val_env = GridWorldVectorEnv(E * int(p["n_val"]), t_low=lo, t_high=hi, slack=slack)
+    val_success: List[float] = []
+
+    def train_step(step: int) -> Tensor:
+        ep = play(model, train_env, seed=_seed_from(env_gen), act_gen=act_gen)
+        loss, _ = a2c_loss(ep["logits"], ep["values"], ep["actions"], ep["rewards"], ep["done"], ep["mask"],
+                           gamma=float(p["gamma"]), lmbda=float(p["lmbda"]), value_coef=float(p["value_coef"]),
+                           entropy_coef=float(p["entropy_coef"]))
+        return loss
+
+    def validate() -> Tensor:
+        ep = play(model, val_env, seed=9_001, greedy=True)  # the same episodes at every evaluation
+        val_success[:] = ep["success"].float().mean(1).tolist()
+        return -ep["rewards"].sum(2).mean(1)
+
+    res = train_sequence_ensemble(ctx=ctx, model=model, opt=opt, ensemble=E, steps=config.steps, eval_every=int(p["eval_every"]),
+                         train_step=train_step, validate=validate,
+                         on_eval=lambda step: {"val_success": list(val_success)},
+                         generators={"env": env_gen, "act": act_gen}, desc=f"gridworld {config.name}")
+    Ts = list(range(1, int(p["eval_t_max"]) + 1))
+    n_ep = int(p["episodes"])
+    counts = evaluate_by_T(model, Ts, n_ep, seed=77_000, slack=slack)
+    train_cols = [i for i, T in enumerate(Ts) if lo <= T <= hi]
+    records = []
+    for e, s in enumerate(seeds):
+        rate = lambda cols: float(counts[e, cols].sum()) / (n_ep * len(cols)) if cols else None  # noqa: E731
+        records.append({"seed": s, "diverged": bool(res.diverged[e]), "best_step": int(res.best.best_step[e]),
+                        "val_return": -float(res.best.best[e]),
+                        "train_range_success": rate(train_cols),
+                        "success_T13_19": rate([i for i, T in enumerate(Ts) if 13 <= T <= 19]),
+                        "success_T20_up": rate([i for i, T in enumerate(Ts) if T >= 20])})
+    with torch.no_grad():
+        shows = [int(T) for T in p["render_T"]]
+        env = GridWorldVectorEnv(E * len(shows), t_low=1, t_high=max(shows), slack=slack)
+        ep = play(model, env, seed=5_150, T=np.tile(shows, E), greedy=True, record=True)
+    episodes = [{"T": T, "cells": ep["cells"][0, j].tolist(), "target": int(ep["target"][0, j]),
+                 "arrived_at": int(ep["arrived_at"][0, j]), "actions": ep["actions"][0, j].tolist()}
+                for j, T in enumerate(shows)]
+    extra = {"Ts": Ts, "episodes_per_T": n_ep, "successes": counts.tolist(), "curves": res.curves,
+             "render": episodes, "agent": p["agent"], "t_range": [lo, hi], "slack": slack}
+    return registry.RunOutput(records=records, extra=extra)
+
+
+# ------------------------------------------------------------------------------------------------
+# Configurations
+# ------------------------------------------------------------------------------------------------
+
+PROFILES = {
+    "quick": {"seeds": 4, "steps": 150, "params": {"episodes": 10}},
+    "paper": {"seeds": 10, "steps": 20000,
+              "params": {"envs": 32, "pool": 1, "hidden": 256, "features": 256, "conv": [[16, 8, 4], [32, 4, 2]],
+                         "lr": 7e-4, "episodes": 100, "eval_every": 500, "n_val": 256, "eval_t_max": 30}},
+}
+
+
+def make_configs(agents: Sequence[str], seeds: int, steps: int, **params) -> List[registry.Config]:
+    return [registry.Config(NAME, a, seeds, steps, {**params, "agent": a}) for a in agents]
+
+
+def profile_configs(profile: str) -> List[registry.Config]:
+    if profile not in PROFILES:
+        raise ValueError(f"gridworld: unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
+    pr = PROFILES[profile]
+    return make_configs(AGENTS, pr["seeds"], pr["steps"], **pr["params"])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--agents", default=",".join(AGENTS), help=f"comma-separated subset of {','.join(AGENTS)}")
+    parser.add_argument("--profile", choices=tuple(PROFILES), default="quick",
+                        help="model size and evaluation budget (quick: pooled 14x14 frames, small nets; "
+                             "paper: full 56x56 frames, 256-unit LSTM); --seeds/--steps override its budget")
+    parser.add_argument("--envs", type=int, default=None, help="episodes per seed and update")
+    parser.add_argument("--episodes", type=int, default=None, help="evaluation episodes per seed and T")
+    parser.add_argument("--eval-t-max", type=int, default=None, help="evaluate T = 1 .. this")
+    parser.add_argument("--lr", type=float, default=None, help="Adam learning rate")
+    add_backend_argument(parser)
+
+
+def configs(args: argparse.Namespace) -> List[registry.Config]:
+    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+    if not agents or any(a not in AGENTS for a in agents):
+        raise ValueError(f"--agents: expected a comma-separated subset of {','.join(AGENTS)}, got {args.agents!r}")
+    pr = PROFILES[args.profile]
+    params: Dict[str, Any] = dict(pr["params"])
+    for opt, key, low in (("envs", "envs", 1), ("episodes", "episodes", 1), ("eval_t_max", "eval_t_max", 13)):
+        v = getattr(args, opt, None)
+        if v is not None:
+            if v < low:
+                raise ValueError(f"--{opt.replace('_', '-')} must be at least {low}, got {v}")
+            params[key] = int(v)
+    if args.lr is not None:
+        if not args.lr > 0:
+            raise ValueError(f"--lr must be positive, got {args.lr}")
+        params["lr"] = float(args.lr)
+    seeds, steps = run_options(args, params, pr)
+    return make_configs(agents, seeds, steps, **params)
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------
+
+CLAIM = ("Paper (Fig. 5): trained on T ~ U{5, 12}, the A3C agent with a NAC arrives on time up to T <= 19, "
+         "the plain A3C agent deteriorates beyond T > 13, and neither arrives for T > 20. The figure's values "
+         "are not available here; the claim is checked by the rule below.")
+RULE = ("An agent *learned the task* if its success rate over T = 5..12 is at least 50%. It *holds* at T if "
+        "its success rate there is at least 80% of its T = 5..12 rate. The claim holds when both agents "
+        "learned the task, the NAC agent holds at every T in 13..19, and the A3C agent does not: the Wilson "
+        "upper bound of its pooled T = 14..19 rate is below 80% of its T = 5..12 rate. If an agent did not "
+        "learn the task, the claim is inconclusive at this budget. Rates pool all episodes of all seeds.")
+LABELS = {"a3c": "A3C (CNN + LSTM)", "nac": "A3C + NAC"}
+COLORS = {"a3c": "tab:blue", "nac": "tab:red"}
+
+
+def pooled(result: registry.ConfigResult, Ts: Sequence[int]) -> Tuple[int, int]:
+    """Successes and episodes of ``result`` over the instructions ``Ts``, pooled over seeds."""
+    all_T = result.extra["Ts"]
+    succ = np.asarray(result.extra["successes"])
+    cols = [all_T.index(T) for T in Ts if T in all_T]
+    return int(succ[:, cols].sum()), int(succ.shape[0] * len(cols) * result.extra["episodes_per_T"])
+
+
+def _rate(k: int, n: int) -> float:
+    return k / n if n else math.nan
+
+
+def claim_verdict(by: Dict[str, registry.ConfigResult]) -> Tuple[Optional[bool], str]:
+    """``(holds, sentence)`` by :data:`RULE`; ``holds`` is None when inconclusive."""
+    if "a3c" not in by or "nac" not in by:
+        return None, "Both agents are needed to check the claim; only " + ", ".join(by) + " ran."
+    train = {a: _rate(*pooled(by[a], range(5, 13))) for a in ("a3c", "nac")}
+    weak = [LABELS[a] for a in ("a3c", "nac") if not train[a] >= 0.5]
+    if weak:
+        return None, (f"Inconclusive at this budget: {' and '.join(weak)} did not learn the task (success over "
+                      f"T = 5..12: A3C {100 * train['a3c']:.0f}%, A3C + NAC {100 * train['nac']:.0f}%, below 50%), so "
+                      "extrapolation cannot be judged.")
+    nac_fail = [T for T in range(13, 20) if not _rate(*pooled(by["nac"], [T])) >= 0.8 * train["nac"]]
+    k, n = pooled(by["a3c"], range(14, 20))
+    a3c_hi = registry.wilson_interval(k, n)[1]
+    a3c_drops = a3c_hi < 0.8 * train["a3c"]
+    parts = []
+    parts.append("the NAC agent holds at every T in 13..19" if not nac_fail else
+                 f"the NAC agent does not hold at T = {', '.join(map(str, nac_fail))}")
+    parts.append(f"the A3C agent deteriorates beyond 13 (T = 14..19: {100 * _rate(k, n):.0f}%, Wilson upper bound "
+                 f"{100 * a3c_hi:.0f}% < 80% of {100 * train['a3c']:.0f}%)" if a3c_drops else
+                 f"the A3C agent does not deteriorate beyond 13 (T = 14..19: {100 * _rate(k, n):.0f}%, Wilson upper "
+                 f"bound {100 * a3c_hi:.0f}% >= 80% of {100 * train['a3c']:.0f}%)")
+    holds = not nac_fail and a3c_drops
+    return holds, ("The claim holds: " if holds else "The claim does not hold here: ") + "; ".join(parts) + "."
+
+
+def _plot_fig5(by: Dict[str, registry.ConfigResult], out_dir: str) -> str:
+    fig, ax = plt().subplots(figsize=(6.4, 3.8))
+    for a, r in by.items():
+        Ts = r.extra["Ts"]
+        ks = [pooled(r, [T]) for T in Ts]
+        rate = np.array([_rate(k, n) for k, n in ks])
+        ci = np.array([registry.wilson_interval(k, n) for k, n in ks])
+        ax.plot(Ts, 100 * rate, "o-", ms=3, color=COLORS[a], label=LABELS[a])
+        ax.fill_between(Ts, 100 * ci[:, 0], 100 * ci[:, 1], color=COLORS[a], alpha=0.2)
+    lo, hi = next(iter(by.values())).extra["t_range"]
+    ax.axvspan(lo - 0.5, hi + 0.5, color="0.93", zorder=0, label=f"training range U{{{lo}, {hi}}}")
+    ax.axvline(13.5, color="tab:blue", ls=":", lw=1, label="paper: A3C deteriorates beyond T = 13")
+    ax.axvline(19.5, color="tab:red", ls=":", lw=1, label="paper: NAC agent holds up to T = 19")
+    ax.set_xlabel("instruction T (steps to arrival)")
+    ax.set_ylabel("arrived exactly at t = T (%)")
+    ax.set_ylim(-3, 103)
+    ax.legend(fontsize=7)
+    ax.set_title("Grid-world time tracking (cf. Trask et al. 2018, Fig. 5)", fontsize=9)
+    return save_figure(fig, out_dir, "gridworld_fig5.png")
+
+
+def _episode_frames(ep: Dict[str, Any]) -> np.ndarray:
+    cells = np.asarray(ep["cells"])
+    T, target = ep["T"], ep["target"]
+    # the recorded steps run until every shown episode ended; keep this one's own
+    end = ep["arrived_at"] if ep["arrived_at"] else min(len(cells) - 1, T + 5)
+    cells = cells[:end + 1]
+    return render_frames(cells, np.full(len(cells), target))
+
+
+def _plot_episodes(by: Dict[str, registry.ConfigResult], out_dir: str) -> Tuple[str, Optional[str]]:
+    """A strip of frames per shown episode (one PNG, a row per episode) and a GIF of the same episodes."""
+    rows = [(a, ep, _episode_frames(ep)) for a, r in by.items() for ep in r.extra.get("render", [])]
+    width = max(len(frames) for _, _, frames in rows)
+    gap = 4
+    fig, axes = plt().subplots(len(rows), 1, figsize=(0.5 * width + 1.6, 0.62 * len(rows)), squeeze=False)
+    gif = []
+    for ax, (a, ep, frames) in zip(axes[:, 0], rows):
+        strip = np.full((FRAME, width * (FRAME + gap), 3), 255, dtype=np.uint8)
+        for j, f in enumerate(frames):
+            strip[:, j * (FRAME + gap):j * (FRAME + gap) + FRAME] = to_image(f)
+        ax.imshow(strip, interpolation="nearest")
+        ax.set_xticks([j * (FRAME + gap) + FRAME // 2 for j in range(0, width, 2)])
+        ax.set_xticklabels([f"t={j}" for j in range(0, width, 2)], fontsize=5)
+        ax.set_yticks([])
+        ok = "on time" if ep["arrived_at"] == ep["T"] else (f"arrived at t={ep['arrived_at']}" if ep["arrived_at"]
+                                                          else "did not arrive")
+        ax.set_ylabel(f"{LABELS[a]}\nT={ep['T']}: {ok}", fontsize=5, rotation=0, ha="right", va="center")
+        gif += [to_image(f) for f in frames] + [to_image(frames[-1])] * 2
+    strip_name = save_figure(fig, out_dir, "gridworld_episodes.png", dpi=130)
+    from PIL import Image  # Pillow comes with matplotlib
+
+    imgs = [Image.fromarray(f).resize((112, 112), Image.NEAREST) for f in gif]
+    imgs[0].save(os.path.join(out_dir, "gridworld_episodes.gif"), save_all=True, append_images=imgs[1:],
+                 duration=250, loop=0)
+    return strip_name, "gridworld_episodes.gif"
+
+
+def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> str:
+    if not results:
+        return ""
+    by = {r.extra.get("agent", r.config.name): r for r in results}
+    c0 = results[0]
+    lines = ["## Grid-world time tracking (Fig. 5)", "", CLAIM, ""]
+    lines.append(f"{c0.config.seeds} seeds per agent, {c0.config.steps} updates of {c0.config.params.get('envs', BASE_PARAMS['envs'])} "
+                 f"episodes per seed (T ~ U{{{c0.extra['t_range'][0]}, {c0.extra['t_range'][1]}}}); evaluation: "
+                 f"{c0.extra['episodes_per_T']} greedy episodes per seed and T; success = arrival at exactly t = T. "
+                 "Rates pool the episodes of all seeds, with 95% Wilson intervals.")
+    lines.append("")
+    bands = [("T = 1..4", range(1, 5)), ("T = 5..12 (training)", range(5, 13)), ("T = 13..19", range(13, 20)),
+             ("T >= 20", range(20, 1000))]
+    rows = []
+    for a, r in by.items():
+        cells = []
+        for _, Ts in bands:
+            k, n = pooled(r, list(Ts))
+            lo, hi = registry.wilson_interval(k, n) if n else (math.nan, math.nan)
+            cells.append("-" if not n else f"{100 * k / n:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}]")
+        div = sum(bool(x.get("diverged")) for x in r.records)
+        rows.append([LABELS[a], *cells, f"{div}/{len(r.records)}"])
+    lines.append(md_table(["agent", *[b for b, _ in bands], "diverged"], rows))
+    Ts = c0.extra["Ts"]
+    per_T = [[str(T)] + [f"{100 * _rate(*pooled(by[a], [T])):.0f}%" for a in by] for T in Ts]
+    lines.append("<details><summary>Success rate per T</summary>\n")
+    lines.append(md_table(["T", *[LABELS[a] for a in by]], per_T))
+    lines.append("</details>\n")
+    lines.append(f"![success against T]({_plot_fig5(by, out_dir)})")
+    lines.append("")
+    lines.append(f"Rule: {RULE}")
+    lines.append("")
+    lines.append(claim_verdict(by)[1])
+    lines.append("")
+    strip, gif = _plot_episodes(by, out_dir)
+    lines.append("Episodes of seed 0 (greedy; gray: agent, red: target; the row label says when it arrived):")
+    lines.append("")
+    lines.append(f"![episodes]({strip}) ([animation]({gif}))")
+    lines.append("")
+    return "\n".join(lines)
+
+
+EXPERIMENT = registry.register(registry.Experiment(
+    name=NAME,
+    help="grid-world time tracking (Fig. 5): A3C agent with and without a NAC",
+    configs=configs,
+    profile_configs=profile_configs,
+    run=run,
+    add_arguments=add_arguments,
+    summarize=interval_summary,
+    report_section=report_section,
+    order=90,
+))
