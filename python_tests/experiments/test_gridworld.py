@@ -12,7 +12,7 @@ from nalu_cuda.experiments.tasks import gridworld as gw
 from nalu_cuda.experiments import registry
 from nalu_cuda.experiments.parts.gridworld_env import (ENV_ID, FRAME, GridWorldEnv, GridWorldVectorEnv, cell_bounds, positions,
                                                  render_frames, set_positions)
-from nalu_cuda.experiments.recurrent_units import EnsembleLSTM, RecurrentArithmetic
+from nalu_cuda.experiments.parts.sequence_models import EnsembleLSTM, RecurrentArithmetic
 
 UP, DOWN, LEFT, RIGHT, NOOP = range(5)
 

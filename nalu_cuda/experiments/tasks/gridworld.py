@@ -51,7 +51,7 @@ from ..parts.optim import EnsembleAdam
 from ..parts.seeding import member_generators
 from ..parts.sequence_models import EnsembleLSTM, RecurrentArithmetic
 from ..parts.training import train_sequence_ensemble
-from ..plugin import add_backend_argument, resolve_backend, resolve_device, run_options, seed_list
+from ..plugin import add_backend_argument, run_options, run_setting
 from ..report import fmt_num, md_table, plt, save_figure
 from ..stats import interval_summary
 
@@ -286,12 +286,10 @@ BASE_PARAMS: Dict[str, Any] = {
 
 def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     p = {**BASE_PARAMS, **config.params}
-    device = resolve_device(ctx)
-    dtype = getattr(torch, ctx.dtype or "float32")
-    seeds = seed_list(config)
+    device, dtype, backend, seeds = run_setting(config, ctx)
     E = len(seeds)
     model = GridAgent(E, p["agent"], hidden=int(p["hidden"]), features=int(p["features"]), conv=p["conv"],
-                      pool=int(p["pool"]), nac_size=int(p["nac_size"]), backend=resolve_backend(config, ctx))
+                      pool=int(p["pool"]), nac_size=int(p["nac_size"]), backend=backend)
     model.reset_parameters(seeds)
     model.to(device=device, dtype=dtype)
     opt = EnsembleAdam(model.parameters(), E, float(p["lr"]), clip=float(p["clip"]))
