@@ -6,7 +6,7 @@
 #
 #   1. builds nalu_cuda in place for the local GPU (TORCH_CUDA_ARCH_LIST from its capability,
 #      e.g. 9.0 on H100/H200; setup.py falls back to setuptools' compiler loop without ninja);
-#   2. checks the build (benchmarks/check_cuda_build.py: every op has a CUDA kernel);
+#   2. checks the build (.ci/check_cuda_build.py: every op has a CUDA kernel);
 #   3. runs the CUDA tests, then the rest of the suite (skipped, with a note, if pytest is missing);
 #   4. runs the GPU benchmarks (benchmarks/bench_gpu.py), which check correctness before timing.
 # Logs and results (bench_gpu.json / .csv / .md, build.log, pytest and bench logs) go to $OUT if
@@ -89,7 +89,7 @@ else
 fi
 
 # ---- 2. the build has every CUDA kernel --------------------------------------------------------
-if "$PY" benchmarks/check_cuda_build.py >"$OUT_DIR/check_cuda_build.log" 2>&1; then
+if "$PY" .ci/check_cuda_build.py >"$OUT_DIR/check_cuda_build.log" 2>&1; then
   stage check_cuda_build "ok"
 else
   cat "$OUT_DIR/check_cuda_build.log"
