@@ -1,59 +1,61 @@
-"""GPU benchmarks of the fused CUDA ops against the eager reference, torch.compile of the reference,
-and the cuBLAS floor (the same matrix products alone).
+"""GPU benchmarks of the fused CUDA ops: what a GPU owner needs, in stages that each save results.
 
-    python benchmarks/bench_gpu.py [--out DIR] [--shapes paper,ensemble,large] [--dtype float32]
+    python benchmarks/bench_gpu.py [--out DIR] [--stages copy,ops,memory_bound,large,training]
+    python benchmarks/bench_gpu.py --stages compile          # cold torch.compile, run last
+    python benchmarks/bench_gpu.py --stages sanitize_case    # one small forward+backward (for compute-sanitizer)
+    python benchmarks/bench_gpu.py --device cpu --dry-run    # every stage's logic on the CPU, small shapes
 
-Run by benchmarks/gpu_check.sh after the build and the tests. For each unit and shape it:
-  1. checks correctness first: the fused and the compiled results (values and every gradient)
-     against the eager reference, in float32; a mismatch is reported and makes the exit status 1;
-  2. times each provider with CUDA events around batches of calls (so a few-microsecond op is not
-     lost in the event overhead), after warm-up; medians and 20th/80th percentiles per call;
-  3. records peak GPU memory of one call per provider.
-Modes: "fwd" (forward with parameters that require grad, as in training) and "fwd+bwd" (forward
-plus torch.autograd.grad of every input).
-Providers: fused (nalu_cuda.functional: the CUDA kernels), eager (nalu_cuda.reference), compile
-(torch.compile(reference, fullgraph=True), default mode; compiled once per shape, warmed up, dynamo
-reset between shapes; NALU only, to bound compile time), cublas (the unit's matrix products with
-preallocated outputs: 3 forward + 6 backward for the paper's NALU; the floor a fused layer built on
-cuBLAS can approach).
-Ratios: eager/fused and compile/fused (> 1: fused is faster) and fused/cublas (>= 1; how far above
-the matrix-product floor the whole fused layer runs).
-
-Writes bench_gpu.json, bench_gpu.csv and bench_gpu.md to --out (default: $OUT if set, else
-benchmarks/results/) and prints the short table last. `--device cpu` runs the same script on the CPU
-kernels with wall-clock timing: a smoke test of this script only, not a benchmark.
+Run by benchmarks/gpu_check.sh after the build and the tests. Stages (--stages, in this order):
+  copy          the device's copy bandwidth (a 2 GiB device-to-device copy; bytes read + written)
+  ops           each unit at the paper shape (B=128, I=100, O=2) and the 100-seed ensemble shape:
+                correctness against the eager reference first (values and every gradient), then per
+                call: fused, fused kernel-only (CUDA-graph replay), eager, eager graph replay;
+                modes fwd and fwd+bwd (torch.autograd.grad of every input)
+  memory_bound  NALU forward at E=1, B=4M, I=100, O=2: GB/s over the bytes the op must read and
+                write (x in; y, a, m, g, lx out), against the copy bandwidth of the same run
+  large         NALU at B=4096, I=O=1024: fused against the bare cuBLAS products of the layer
+                (3 forward, + 6 backward), the goal being within 1.15x
+  training      the static task's 100-seed ensemble (two NALU layers, 100 -> 2 -> 1, batch 128,
+                data drawn on the device, Adam): steps per second, eager
+  compile       torch.compile(reference, fullgraph=True) beside the fused op at the paper and
+                ensemble shapes (cold compile time recorded); separate, as compiles are slow
+  sanitize_case one small-path forward and backward, nothing timed (compute-sanitizer's target)
+Every figure is stored beside the TF32 setting in force (off for every stage: the reference's
+default) and the machine (benchmarks/harness.py: GPU, driver, nvcc, clocks, CPU, commit from
+NALU_CUDA_COMMIT). After each stage bench_gpu.json/.csv/.md are rewritten (a timeout keeps what was
+done; --append adds to the rows already there); --deadline SECONDS skips stages and units that
+would start after it. Exit status: 1 when a correctness check failed, 0 otherwise. `--device cpu` runs the same logic on the CPU kernels with
+wall-clock timing (graph replay skipped): a test of this script, not a benchmark.
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
-import platform
-import statistics
 import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-try:
-    import nalu_cuda
-except ModuleNotFoundError:  # not installed: use the checkout (an in-place build)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import nalu_cuda
-from nalu_cuda import functional as F
-from nalu_cuda import reference as R
-from nalu_cuda import testing
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import harness  # noqa: E402
+import nalu_cuda  # noqa: E402
+from nalu_cuda import functional as F  # noqa: E402
+from nalu_cuda import reference as R  # noqa: E402
+from nalu_cuda import testing  # noqa: E402
+
+STAGES = ["copy", "ops", "memory_bound", "large", "training", "compile", "sanitize_case"]
+DEFAULT_STAGES = ["copy", "ops", "memory_bound", "large", "training"]
+# name: (E or None, B, I, O); --dry-run divides B (and the copy size) and caps I and O at 128.
 SHAPES = {
-    # name: (E or None, B, I, O)
     "paper": (None, 128, 100, 2),
     "ensemble": (100, 128, 100, 2),
-    "large": (None, 8192, 2048, 2048),
+    "memory_bound": (None, 4 * 2**20, 100, 2),
+    "large": (None, 4096, 1024, 1024),
 }
-
 # unit: (family, gate, separate weights)
 UNITS = {
     "nalu": ("nalu", "input", False),  # the paper's NALU: tied weights, input-dependent gate
@@ -61,8 +63,8 @@ UNITS = {
     "nac": ("nac", None, False),
     "nac_mul": ("nac_mul", None, False),
 }
-COMPILED_UNITS = ("nalu",)
 EPS = 1e-7
+RTOL = {"float64": 1e-9, "float32": 1e-3, "float16": 2e-2, "bfloat16": 1e-1}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -75,41 +77,30 @@ def make_inputs(unit: str, shape, dtype, device) -> Dict[str, torch.Tensor]:
     E, B, I, O = shape
     lead = () if E is None else (E,)
     scale = 0.5 * min(1.0, math.sqrt(64.0 / I))  # keeps exp(lx W) O(1) at any width
-    t = {
-        "x": testing.rand_input(lead + (B, I), dtype=dtype, device=device),
-        "W_hat": testing.rand_params(lead + (I, O), scale=scale, dtype=dtype, device=device),
-        "M_hat": testing.rand_params(lead + (I, O), scale=scale, dtype=dtype, device=device),
-    }
+    t = {"x": testing.rand_input(lead + (B, I), dtype=dtype, device=device)}
+    names = ["W_hat", "M_hat"] + (["W_hat_m", "M_hat_m"] if family == "nalu" and sep else [])
+    for n in names:
+        t[n] = testing.rand_params(lead + (I, O), scale=scale, dtype=dtype, device=device)
     if family == "nalu":
-        if sep:
-            t["W_hat_m"] = testing.rand_params(lead + (I, O), scale=scale, dtype=dtype, device=device)
-            t["M_hat_m"] = testing.rand_params(lead + (I, O), scale=scale, dtype=dtype, device=device)
         t["G"] = testing.rand_params(lead + ((I, O) if gate == "input" else (O,)), scale=scale, dtype=dtype,
                                      device=device)
     return {k: v.requires_grad_() for k, v in t.items()}
 
 
 def unit_fn(unit: str, mod) -> Callable:
-    family, gate, _ = UNITS[unit]
+    family, gate, sep = UNITS[unit]
     if family == "nac":
         return lambda x, W_hat, M_hat: mod.nac(x, W_hat, M_hat)
     if family == "nac_mul":
         return lambda x, W_hat, M_hat: mod.nac_mul(x, W_hat, M_hat, EPS)
-    if UNITS[unit][2]:
+    if sep:
         return lambda x, W_hat, M_hat, W_hat_m, M_hat_m, G: mod.nalu(x, W_hat, M_hat, G, W_hat_m, M_hat_m, EPS, gate)
     return lambda x, W_hat, M_hat, G: mod.nalu(x, W_hat, M_hat, G, None, None, EPS, gate)
 
 
-def arg_names(unit: str) -> List[str]:
-    family, _, sep = UNITS[unit]
-    if family != "nalu":
-        return ["x", "W_hat", "M_hat"]
-    return ["x", "W_hat", "M_hat", "W_hat_m", "M_hat_m", "G"] if sep else ["x", "W_hat", "M_hat", "G"]
-
-
-def products(unit: str, shape, dtype, device):
-    """The (forward, backward) matrix products of the unit as (A, B, out) triples, A @ B -> out."""
-    family, gate, sep = UNITS[unit]
+def products(shape, dtype, device):
+    """The paper NALU's matrix products as (A, B, out) triples, A @ B -> out: 3 forward (a = x W,
+    u = lx W, z = x G), 6 backward (dW twice, dG, and three into dx)."""
     E, B, I, O = shape
     lead = () if E is None else (E,)
 
@@ -117,82 +108,17 @@ def products(unit: str, shape, dtype, device):
         return torch.randn(*lead, *s, dtype=dtype, device=device)
 
     x, lx, dx = t(B, I), t(B, I), t(B, I)
-    W, Wm, G = t(I, O), t(I, O), t(I, O)
-    dW, dWm, dG = t(I, O), t(I, O), t(I, O)
-    a, u, z, da, du, dz = t(B, O), t(B, O), t(B, O), t(B, O), t(B, O), t(B, O)
+    W, G, dW, dG = t(I, O), t(I, O), t(I, O), t(I, O)
+    a, u, z, da, du, dz = (t(B, O) for _ in range(6))
     tr = lambda m: m.transpose(-1, -2)  # noqa: E731  (cuBLAS transposes in place of a copy)
-    if family == "nac":
-        return [(x, W, a)], [(tr(x), da, dW), (da, tr(W), dx)]
-    if family == "nac_mul":
-        return [(lx, W, u)], [(tr(lx), du, dW), (du, tr(W), dx)]
-    fwd = [(x, W, a), (lx, Wm if sep else W, u)]
-    bwd = [(tr(x), da, dW), (tr(lx), du, dWm if sep else dW), (da, tr(W), dx), (du, tr(Wm if sep else W), dx)]
-    if gate == "input":
-        fwd.append((x, G, z))
-        bwd += [(tr(x), dz, dG), (dz, tr(G), dx)]
+    fwd = [(x, W, a), (lx, W, u), (x, G, z)]
+    bwd = [(tr(x), da, dW), (tr(lx), du, dW), (tr(x), dz, dG), (da, tr(W), dx), (du, tr(W), dx), (dz, tr(G), dx)]
     return fwd, bwd
 
 
 def run_products(triples):
     for A, Bm, out in triples:
         torch.matmul(A, Bm, out=out)
-
-
-# ------------------------------------------------------------------------------------------------
-# Timing
-# ------------------------------------------------------------------------------------------------
-
-
-class Timer:
-    def __init__(self, device: str, reps: int, min_batch_ms: float):
-        self.device, self.reps, self.min_batch_ms = device, reps, min_batch_ms
-
-    def sync(self):
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-
-    def __call__(self, fn: Callable[[], object]) -> Dict[str, float]:
-        for _ in range(3):
-            fn()
-        self.sync()
-        t0 = time.perf_counter()
-        fn()
-        self.sync()
-        single = time.perf_counter() - t0
-        per_batch = max(1, min(2000, int(self.min_batch_ms / 1e3 / max(single, 1e-7))))
-        times = []
-        for _ in range(self.reps):
-            if self.device == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(per_batch):
-                    fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) * 1e3 / per_batch)  # us per call
-            else:
-                t0 = time.perf_counter()
-                for _ in range(per_batch):
-                    fn()
-                times.append((time.perf_counter() - t0) * 1e6 / per_batch)
-        times.sort()
-        q = lambda p: times[min(len(times) - 1, int(round(p * (len(times) - 1))))]  # noqa: E731
-        return {"median_us": statistics.median(times), "p20_us": q(0.2), "p80_us": q(0.8), "calls_per_batch": per_batch}
-
-    def peak_mem(self, fn) -> Optional[int]:
-        if self.device != "cuda":
-            return None
-        self.sync()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        fn()
-        self.sync()
-        return torch.cuda.max_memory_allocated() - base
-
-
-# ------------------------------------------------------------------------------------------------
-# Correctness
-# ------------------------------------------------------------------------------------------------
 
 
 def fwd_bwd(fn, inputs: Sequence[torch.Tensor], gy: torch.Tensor):
@@ -207,195 +133,290 @@ def max_rel_err(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> fl
             return math.inf
         if w.numel() == 0:
             continue
-        scale = w.double().abs().max().item() + 1e-30
-        err = (g.double() - w.double()).abs().max().item() / scale
+        err = (g.double() - w.double()).abs().max().item() / (w.double().abs().max().item() + 1e-30)
         worst = max(worst, err if math.isfinite(err) else math.inf)
     return worst
 
 
 # ------------------------------------------------------------------------------------------------
-# Main
+# The run: stages, rows, results written after each stage
 # ------------------------------------------------------------------------------------------------
 
 
-def bench(args) -> int:
-    device = args.device
-    dtype = getattr(torch, args.dtype)
-    timer = Timer(device, args.reps, args.min_batch_ms)
-    if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # the reference's default; stated in the results
-        torch.backends.cudnn.allow_tf32 = False
-    rows: List[dict] = []
-    failures: List[str] = []
-    shapes = [s for s in args.shapes.split(",") if s]
-    units = [u for u in args.units.split(",") if u]
-    t_start = time.perf_counter()
-    for shape_name in shapes:
-        shape = SHAPES[shape_name]
-        for unit in units:
-            torch.manual_seed(0)
-            names = arg_names(unit)
-            t = make_inputs(unit, shape, dtype, device)
-            inputs = [t[n] for n in names]
-            with torch.no_grad():
-                y0 = unit_fn(unit, R)(*inputs)
-            gy = torch.randn_like(y0)
-            providers: Dict[str, Callable] = {"fused": unit_fn(unit, F), "eager": unit_fn(unit, R)}
-            compile_s = None
-            if unit in COMPILED_UNITS and not args.no_compile:
-                torch._dynamo.reset()
-                compiled = torch.compile(unit_fn(unit, R), fullgraph=True)
-                t0 = time.perf_counter()
-                fwd_bwd(compiled, inputs, gy)  # compiles forward and backward
-                timer.sync()
-                compile_s = time.perf_counter() - t0
-                providers["compile"] = compiled
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.device = args.device
+        self.dtype = getattr(torch, args.dtype)
+        self.cuda = self.device == "cuda"
+        self.rows: List[dict] = []
+        self.failures: List[str] = []
+        self.skipped: List[str] = []
+        self.t0 = time.perf_counter()
+        self.copy_gbs: Optional[float] = None
+        self.div = args.dry_run_divisor if args.dry_run else 1
+        path = os.path.join(args.out, "bench_gpu.json")
+        if args.append and os.path.exists(path):  # a later call of the same check adds its stages
+            with open(path) as f:
+                old = json.load(f)
+            self.rows, self.failures, self.skipped = old["rows"], old["meta"]["failures"], old["meta"]["skipped"]
 
-            # 1. correctness before timing
-            want = fwd_bwd(providers["eager"], inputs, gy)
-            check = {}
-            for name in providers:
-                if name == "eager":
-                    continue
-                err = max_rel_err(fwd_bwd(providers[name], inputs, gy), want)
-                check[name] = err
-                if not err <= args.rtol:
-                    failures.append(f"{unit} {shape_name}: {name} differs from the eager reference "
-                                    f"(max relative error {err:.3g} > {args.rtol})")
-            fwd_products, bwd_products = products(unit, shape, dtype, device)
+    # -- bookkeeping
+    def shape(self, name):
+        E, B, I, O = SHAPES[name]
+        if self.div == 1:
+            return (E, B, I, O)
+        return (E, max(8, B // self.div), min(I, 128), min(O, 128))  # a dry run: small enough for a CPU
 
-            # 2. timing
-            for mode in ("fwd", "fwd+bwd"):
-                for name, fn in providers.items():
-                    if mode == "fwd":
-                        call = lambda fn=fn: fn(*inputs)  # noqa: E731
-                    else:
-                        call = lambda fn=fn: torch.autograd.grad(fn(*inputs), inputs, gy)  # noqa: E731
+    def time_left(self) -> float:
+        return math.inf if self.args.deadline is None else self.args.deadline - (time.perf_counter() - self.t0)
+
+    def out_of_time(self, what: str, need: float = 0.0) -> bool:
+        if self.time_left() <= need:
+            self.skipped.append(f"{what}: not started, {self.time_left():.0f} s left before the deadline")
+            print(f"[bench] skipped {what} (deadline)", flush=True)
+            return True
+        return False
+
+    def timer(self, fn) -> Dict[str, float]:
+        a = self.args
+        return harness.cuda_timer(fn, a.reps, a.min_batch_ms)
+
+    def graph_timer(self, fn) -> Optional[Dict[str, float]]:
+        if not self.cuda:
+            return None  # no graphs on the CPU
+        try:
+            return harness.graph_timer(fn, self.args.reps, self.args.min_batch_ms)
+        except RuntimeError as e:  # a capture failure is a finding, not the end of the run
+            self.failures.append(f"CUDA-graph capture failed: {str(e).splitlines()[0]}")
+            return None
+
+    def add(self, stage: str, **row):
+        row = dict(stage=stage, dtype=self.args.dtype, tf32=self.tf32(), **row)
+        self.rows.append(row)
+
+    def tf32(self) -> bool:
+        return bool(self.cuda and torch.backends.cuda.matmul.allow_tf32)
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def save(self) -> None:
+        meta = {"command": harness.command(__file__, self.args.argv), **harness.machine(self.device),
+                "seconds": round(time.perf_counter() - self.t0, 1), "failures": self.failures,
+                "skipped": self.skipped, "dry_run": self.args.dry_run}
+        title = "nalu_cuda GPU benchmark" + ("" if self.cuda else " (dry run on the CPU: no GPU figure)")
+        harness.write(os.path.join(self.args.out, "bench_gpu"), meta, self.rows, self.table(), title=title)
+
+    # -- the Markdown table
+    def table(self) -> str:
+        def f(v, spec=".1f"):
+            return "-" if v is None else format(v, spec)
+
+        out = []
+        for r in self.rows:
+            base = r.get("reference_us")
+            ratio = f"{base / r['median_us']:.2f}x" if base and r.get("median_us") else "-"
+            out.append([r["stage"], r.get("unit", "-"), r.get("shape", "-"), r.get("mode", "-"), r.get("provider", "-"),
+                        f(r.get("median_us")), f(r.get("p20_us")), f(r.get("p80_us")), ratio, f(r.get("gb_per_s")),
+                        f(r.get("max_rel_err"), ".2g"), "on" if r["tf32"] else "off"])
+        head = ["stage", "unit", "shape", "mode", "provider", "median us", "p20 us", "p80 us",
+                "vs reference row", "GB/s", "max rel err", "TF32"]
+        notes = ["", "`vs reference row`: the reference's time over this row's (> 1: this row is faster). ops and "
+                 "compile: eager per call for per-call rows, eager graph replay for graph rows (kernel-only); large: "
+                 "the bare cuBLAS products. GB/s counts bytes read plus written."]
+        if self.failures:
+            notes += ["", "## Correctness failures", ""] + [f"- {x}" for x in self.failures]
+        if self.skipped:
+            notes += ["", "## Skipped", ""] + [f"- {x}" for x in self.skipped]
+        return harness.markdown_table(head, out) + "\n" + "\n".join(notes)
+
+    # -- stages
+    def stage_copy(self):
+        n = (2 * 2**30 // 4) // self.div  # 2 GiB of float32
+        src = torch.randn(n, device=self.device)
+        dst = torch.empty_like(src)
+        r = self.timer(lambda: dst.copy_(src))
+        self.copy_gbs = 2 * n * 4 / (r["median_us"] * 1e-6) / 1e9
+        self.add("copy", shape=f"{n * 4 / 2**30:.2f} GiB", provider="copy_", gb_per_s=self.copy_gbs, **r)
+        del src, dst
+
+    def check(self, unit, shape_name, providers, inputs, gy) -> Dict[str, float]:
+        want = fwd_bwd(providers["eager"], inputs, gy)
+        errs = {}
+        for name, fn in providers.items():
+            if name != "eager":
+                errs[name] = max_rel_err(fwd_bwd(fn, inputs, gy), want)
+                if not errs[name] <= RTOL[self.args.dtype]:
+                    self.failures.append(f"{unit} {shape_name}: {name} differs from the eager reference (max relative "
+                                         f"error {errs[name]:.3g} > {RTOL[self.args.dtype]})")
+        return errs
+
+    def time_unit(self, stage, unit, shape_name, providers, graphs=True):
+        shape = self.shape(shape_name)
+        torch.manual_seed(0)
+        t = make_inputs(unit, shape, self.dtype, self.device)
+        inputs = list(t.values())
+        with torch.no_grad():
+            gy = torch.randn_like(unit_fn(unit, R)(*inputs))
+        errs = self.check(unit, shape_name, providers, inputs, gy)
+        for mode in ("fwd", "fwd+bwd"):
+            eager_us: Dict[str, float] = {}  # per call / graph replay: each row's reference
+            for name, fn in providers.items():
+                call = (lambda fn=fn: fn(*inputs)) if mode == "fwd" else (
+                    lambda fn=fn: torch.autograd.grad(fn(*inputs), inputs, gy))
+                kinds = [("", self.timer)] + ([(" graph", self.graph_timer)] if graphs and name != "compile" else [])
+                for suffix, timer in kinds:
                     r = timer(call)
-                    rows.append(dict(unit=unit, shape=shape_name, E=shape[0] or 1, B=shape[1], I=shape[2], O=shape[3],
-                                     dtype=args.dtype, mode=mode, provider=name, **r,
-                                     peak_mem_bytes=timer.peak_mem(call),
-                                     max_rel_err_vs_eager=check.get(name, 0.0),
-                                     compile_s=compile_s if name == "compile" else None))
-                triples = fwd_products + (bwd_products if mode == "fwd+bwd" else [])
-                r = timer(lambda triples=triples: run_products(triples))
-                rows.append(dict(unit=unit, shape=shape_name, E=shape[0] or 1, B=shape[1], I=shape[2], O=shape[3],
-                                 dtype=args.dtype, mode=mode, provider="cublas", **r, peak_mem_bytes=None,
-                                 max_rel_err_vs_eager=None, compile_s=None, n_products=len(triples)))
-            del t, inputs, providers, fwd_products, bwd_products
-            if device == "cuda":
-                torch.cuda.empty_cache()
-            write_results(args.out, rows, summarize(rows), failures, args)  # partial results survive a timeout
-            print(f"[bench] {unit} {shape_name} done ({time.perf_counter() - t_start:.0f} s)", flush=True)
+                    if r is None:
+                        continue
+                    if name == "eager":
+                        eager_us[suffix] = r["median_us"]
+                    self.add(stage, unit=unit, shape=shape_name, mode=mode, provider=name + suffix,
+                             reference_us=eager_us.get(suffix) if name != "eager" else None,
+                             max_rel_err=errs.get(name), **r)
+        self.sync()
+
+    def stage_ops(self):
+        for shape_name in ("paper", "ensemble"):
+            for unit in UNITS:
+                if self.out_of_time(f"ops {unit} {shape_name}", need=10):
+                    continue
+                self.time_unit("ops", unit, shape_name, {"eager": unit_fn(unit, R), "fused": unit_fn(unit, F)})
+                print(f"[bench] ops {unit} {shape_name} done ({time.perf_counter() - self.t0:.0f} s)", flush=True)
+
+    def stage_memory_bound(self):
+        E, B, I, O = shape = self.shape("memory_bound")
+        t = {k: v.detach() for k, v in make_inputs("nalu", shape, self.dtype, self.device).items()}
+        op = torch.ops.nalu_cuda.nalu_forward
+        args = (t["x"], t["W_hat"], t["M_hat"], None, None, t["G"], EPS, True)
+        outs = op(*args)
+        moved = sum(v.numel() * v.element_size() for v in t.values()) + sum(o.numel() * o.element_size() for o in outs)
+        del outs
+        r = self.timer(lambda: op(*args))
+        gbs = moved / (r["median_us"] * 1e-6) / 1e9
+        self.add("memory_bound", unit="nalu", shape=f"E=1 B={B} I={I} O={O}", mode="fwd op", provider="fused",
+                 gb_per_s=gbs, bytes=moved, copy_gb_per_s=self.copy_gbs,
+                 fraction_of_copy=gbs / self.copy_gbs if self.copy_gbs else None, **r)
+
+    def stage_large(self):
+        shape = self.shape("large")
+        torch.manual_seed(0)
+        t = make_inputs("nalu", shape, self.dtype, self.device)
+        inputs = list(t.values())
+        fn = unit_fn("nalu", F)
+        with torch.no_grad():
+            gy = torch.randn_like(fn(*inputs))
+        err = self.check("nalu", "large", {"eager": unit_fn("nalu", R), "fused": fn}, inputs, gy)["fused"]
+        fwd, bwd = products(shape, self.dtype, self.device)
+        for mode, triples, call in (("fwd", fwd, lambda: fn(*inputs)),
+                                    ("fwd+bwd", fwd + bwd, lambda: torch.autograd.grad(fn(*inputs), inputs, gy))):
+            floor = self.timer(lambda triples=triples: run_products(triples))
+            self.add("large", unit="nalu", shape="large", mode=mode, provider=f"cuBLAS products ({len(triples)})",
+                     **floor)
+            self.add("large", unit="nalu", shape="large", mode=mode, provider="fused", reference_us=floor["median_us"],
+                     max_rel_err=err, **self.timer(call))
+        self.sync()
+
+    def stage_training(self):
+        E, I, B = 100, 100, max(8, 128 // (self.div if self.div > 1 else 1))
+        steps = 20 if self.args.dry_run else self.args.train_steps
+        g = torch.Generator(device=self.device).manual_seed(0)
+        model = torch.nn.Sequential(nalu_cuda.NALU(I, 2, ensemble=E), nalu_cuda.NALU(2, 1, ensemble=E)).to(self.device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        mask = (torch.rand(E, I, 2, generator=g, device=self.device) < 0.1).to(torch.float32)  # two subsets a, b
+
+        def step():
+            x = torch.rand(E, B, I, generator=g, device=self.device) + 1
+            target = torch.bmm(x, mask).sum(-1, keepdim=True)  # a + b, per member
+            loss = torch.nn.functional.mse_loss(model(x), target)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        for _ in range(10):
+            step()
+        self.sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        self.sync()
+        rate = steps / (time.perf_counter() - t0)
+        self.add("training", unit="nalu -> nalu", shape=f"E={E} B={B} I={I}", mode=f"{steps} steps",
+                 provider="eager (fused ops, torch.optim.Adam)", steps_per_s=rate, seed_steps_per_s=rate * E,
+                 median_us=1e6 / rate)
+
+    def stage_compile(self):
+        for shape_name in ("paper", "ensemble"):
+            if self.out_of_time(f"compile nalu {shape_name}", need=30):
+                continue
+            torch._dynamo.reset()
+            compiled = torch.compile(unit_fn("nalu", R), fullgraph=True)
+            t0 = time.perf_counter()
+            t = make_inputs("nalu", self.shape(shape_name), self.dtype, self.device)
+            fwd_bwd(compiled, list(t.values()), torch.ones_like(unit_fn("nalu", R)(*t.values())))
+            self.sync()
+            compile_s = time.perf_counter() - t0
+            providers = {"eager": unit_fn("nalu", R), "fused": unit_fn("nalu", F), "compile": compiled}
+            self.time_unit("compile", "nalu", shape_name, providers, graphs=False)
+            self.add("compile", unit="nalu", shape=shape_name, provider="compile (cold: forward + backward)",
+                     compile_s=compile_s)
+            print(f"[bench] compile {shape_name} done ({time.perf_counter() - self.t0:.0f} s)", flush=True)
         torch._dynamo.reset()
 
-    summary = summarize(rows)
-    write_results(args.out, rows, summary, failures, args)
-    print()
-    print(markdown_table(summary, args))
-    if failures:
-        print("\nCORRECTNESS FAILURES:")
-        for f in failures:
-            print(f"  - {f}")
-    return 1 if failures else 0
-
-
-def summarize(rows: List[dict]) -> List[dict]:
-    by_key: Dict[tuple, Dict[str, dict]] = {}
-    for r in rows:
-        by_key.setdefault((r["unit"], r["shape"], r["mode"]), {})[r["provider"]] = r
-    out = []
-    for (unit, shape, mode), p in by_key.items():
-        f = p["fused"]["median_us"]
-        s = dict(unit=unit, shape=shape, mode=mode, fused_us=f, eager_us=p["eager"]["median_us"],
-                 compile_us=p["compile"]["median_us"] if "compile" in p else None,
-                 cublas_us=p["cublas"]["median_us"])
-        s["eager_over_fused"] = s["eager_us"] / f
-        s["compile_over_fused"] = s["compile_us"] / f if s["compile_us"] else None
-        s["fused_over_cublas"] = f / s["cublas_us"]
-        out.append(s)
-    return out
-
-
-def fmt(v, unit=""):
-    if v is None:
-        return "-"
-    if unit == "x":
-        return f"{v:.2f}x"
-    return f"{v:.1f}" if v < 1000 else f"{v:.0f}"
-
-
-def markdown_table(summary: List[dict], args) -> str:
-    lines = [f"nalu_cuda GPU benchmark ({args.dtype}, median us per call; ratios > 1 = fused faster)",
-             "| unit | shape | mode | fused | eager | compile | cublas floor | eager/fused | compile/fused | fused/floor |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for s in summary:
-        lines.append(f"| {s['unit']} | {s['shape']} | {s['mode']} | {fmt(s['fused_us'])} | {fmt(s['eager_us'])} | "
-                     f"{fmt(s['compile_us'])} | {fmt(s['cublas_us'])} | {fmt(s['eager_over_fused'], 'x')} | "
-                     f"{fmt(s['compile_over_fused'], 'x')} | {fmt(s['fused_over_cublas'], 'x')} |")
-    return "\n".join(lines)
-
-
-def environment(args) -> dict:
-    env = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "python": platform.python_version(),
-           "nalu_cuda": nalu_cuda.build_info(), "device": args.device, "dtype": args.dtype,
-           "allow_tf32": torch.backends.cuda.matmul.allow_tf32 if args.device == "cuda" else None}
-    if args.device == "cuda":
-        env["gpu"] = torch.cuda.get_device_name()
-        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
-    return env
-
-
-def write_results(out_dir: str, rows, summary, failures, args) -> None:
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "bench_gpu.json"), "w") as f:
-        json.dump({"environment": environment(args), "rows": rows, "summary": summary, "failures": failures}, f,
-                  indent=1)
-    with open(os.path.join(out_dir, "bench_gpu.csv"), "w", newline="") as f:
-        keys = sorted({k for r in rows for k in r})
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    with open(os.path.join(out_dir, "bench_gpu.md"), "w") as f:
-        env = environment(args)
-        f.write(f"# nalu_cuda GPU benchmark\n\n{json.dumps(env)}\n\n{markdown_table(summary, args)}\n\n")
-        f.write("## All rows (median, 20th and 80th percentile, us per call; peak memory of one call)\n\n")
-        f.write("| unit | shape | mode | provider | median | p20 | p80 | peak MiB | max rel err vs eager |\n")
-        f.write("|---|---|---|---|---|---|---|---|---|\n")
-        for r in rows:
-            mem = "-" if r["peak_mem_bytes"] is None else f"{r['peak_mem_bytes'] / 2**20:.1f}"
-            err = "-" if r["max_rel_err_vs_eager"] is None else f"{r['max_rel_err_vs_eager']:.2g}"
-            f.write(f"| {r['unit']} | {r['shape']} | {r['mode']} | {r['provider']} | {fmt(r['median_us'])} | "
-                    f"{fmt(r['p20_us'])} | {fmt(r['p80_us'])} | {mem} | {err} |\n")
-        if failures:
-            f.write("\n## Correctness failures\n\n" + "".join(f"- {x}\n" for x in failures))
+    def stage_sanitize_case(self):
+        t = make_inputs("nalu", (2, 64, 20, 2), self.dtype, self.device)
+        y = unit_fn("nalu", F)(*t.values())
+        torch.autograd.grad(y, list(t.values()), torch.randn_like(y))
+        self.sync()
+        print("[bench] sanitize_case: one small-path nalu forward and backward ran", flush=True)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                         "results"))
-    p.add_argument("--shapes", default="paper,ensemble,large", help=f"comma list of {list(SHAPES)}")
-    p.add_argument("--units", default=",".join(UNITS), help=f"comma list of {list(UNITS)}")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
+    p.add_argument("--out", default=os.environ.get("OUT") or harness.RESULTS)
+    p.add_argument("--stages", default=",".join(DEFAULT_STAGES), help=f"comma list of {STAGES}")
+    p.add_argument("--dtype", default="float32", choices=list(RTOL))
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--min-batch-ms", type=float, default=2.0, help="time batches of calls lasting at least this")
-    p.add_argument("--rtol", type=float, default=None, help="max relative error vs eager (default by dtype)")
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile provider")
+    p.add_argument("--train-steps", type=int, default=500)
+    p.add_argument("--deadline", type=float, default=None, help="seconds: start no stage or unit after this")
+    p.add_argument("--append", action="store_true", help="add to the rows of --out/bench_gpu.json")
+    p.add_argument("--dry-run", action="store_true",
+                   help="small shapes (B and the copy divided by --dry-run-divisor, I and O at most 128)")
+    p.add_argument("--dry-run-divisor", type=int, default=512)
     args = p.parse_args(argv)
-    if args.rtol is None:
-        args.rtol = {"float64": 1e-9, "float32": 1e-3, "float16": 2e-2, "bfloat16": 1e-1}[args.dtype]
+    args.argv = argv
+    stages = [s for s in args.stages.split(",") if s]
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        p.error(f"--stages: unknown {unknown}; choose from {STAGES}")
     if args.device == "cuda":
         if not torch.cuda.is_available():
-            print("bench_gpu: no CUDA device visible; nothing to benchmark (use --device cpu for a smoke test)")
+            print("bench_gpu: no CUDA device visible (use --device cpu --dry-run to test this script)")
             return 2
         if not nalu_cuda.has_cuda_kernels():
             print(f"bench_gpu: nalu_cuda has no CUDA kernels (build: {nalu_cuda.build_info()})")
             return 2
-    else:
-        torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    return bench(args)
+        torch.backends.cuda.matmul.allow_tf32 = False  # the reference's default; every row records it
+        torch.backends.cudnn.allow_tf32 = False
+    if args.dry_run:
+        args.reps, args.min_batch_ms = 3, 0.5
+    run = Run(args)
+    for s in stages:
+        if s != "sanitize_case" and run.out_of_time(f"stage {s}"):
+            continue
+        print(f"[bench] stage {s} ({time.perf_counter() - run.t0:.0f} s)", flush=True)
+        getattr(run, f"stage_{s}")()
+        if s != "sanitize_case":
+            run.save()
+    if stages != ["sanitize_case"]:
+        print(run.table())
+    for f in run.failures:
+        print(f"CORRECTNESS: {f}")
+    return 1 if run.failures else 0
 
 
 if __name__ == "__main__":

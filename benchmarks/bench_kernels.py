@@ -7,21 +7,22 @@ Layer 1 is x (100, 128, 100) -> 2 outputs per member, layer 2 is (100, 128, 2) -
 layers of benchmarks/bench_training.py. A second table splits a NALU forward+backward at the
 paper's shape (B=128, I=100, O=2) into the raw ops and the rest (module call, autograd node and
 engine), beside the smallest autograd round trip there is (a 2-element multiply and its
-backward). Each row is the median of torch.utils.benchmark's blocked_autorange. This is the view for kernel work (bench_ops.py and bench_training.py measure
-what a user sees); compare builds of two commits by running it on each.
+backward). Each row is the median of torch.utils.benchmark's blocked_autorange (through
+benchmarks/harness.py), pooled over --rounds interleaved rounds. This is the view for kernel work
+(bench_ops.py and bench_training.py measure what a user sees); compare builds of two commits by
+running it on each. Writes benchmarks/results/kernels_cpu.{md,csv,json} (--out).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 
 import torch
-from torch.utils import benchmark
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import harness  # noqa: E402
 import nalu_cuda  # noqa: E402  (also registers torch.ops.nalu_cuda)
 from nalu_cuda.testing import rand_input, rand_params  # noqa: E402
 
@@ -74,24 +75,35 @@ def paper_breakdown():
     }
 
 
+def _time_all(calls, min_run_time: float, rounds: int):
+    per_round = harness.interleaved({k: (lambda fn=fn: harness.cpu_times(fn, min_run_time / rounds))
+                                     for k, fn in calls.items()}, rounds)
+    return {k: harness.stats([t for b in blocks for t in b], 1e6, "us") for k, blocks in per_round.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--min-run-time", type=float, default=1.0, help="seconds per measurement")
+    ap.add_argument("--min-run-time", type=float, default=1.0, help="seconds per measurement (all rounds)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--out", default=harness.RESULTS)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"# torch {torch.__version__}, {args.threads} thread(s), {platform.machine()}, {os.cpu_count()} CPUs")
-    print(f"{'layer':<31} {'op':<28} {'median ms':>10}")
+    meta = {"command": harness.command(__file__, argv), **harness.machine("cpu", rounds=args.rounds)}
+    print(harness.meta_lines(meta))
+    rows = []
     for name, shape in [("layer 1: 100 x 128 x 100 -> 2", (100, 128, 100, 2)),
                         ("layer 2: 100 x 128 x 2 -> 1", (100, 128, 2, 1))]:
-        for op, fn in cases(*shape).items():
-            t = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=args.min_run_time)
-            print(f"{name:<31} {op:<28} {t.median * 1e3:>10.3f}", flush=True)
-    print(f"\n{'paper shape: B=128, I=100, O=2':<40} {'median us':>10}")
-    for what, fn in paper_breakdown().items():
-        t = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=args.min_run_time)
-        print(f"{what:<40} {t.median * 1e6:>10.1f}", flush=True)
+        for op, r in _time_all(cases(*shape), args.min_run_time, args.rounds).items():
+            rows.append(dict(table="ensemble ops", layer=name, op=op, **r))
+    for what, r in _time_all(paper_breakdown(), args.min_run_time, args.rounds).items():
+        rows.append(dict(table="paper shape: B=128, I=100, O=2", layer="paper", op=what, **r))
+    table = harness.markdown_table(
+        ["layer", "op", "median us", "p20 us", "p80 us"],
+        [[r["layer"], r["op"], f"{r['median_us']:.1f}", f"{r['p20_us']:.1f}", f"{r['p80_us']:.1f}"] for r in rows])
+    harness.write(os.path.join(args.out, "kernels_cpu"), meta, rows, table, title="Raw fused ops (CPU)")
+    print(table)
     return 0
 
 

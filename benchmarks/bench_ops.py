@@ -10,26 +10,23 @@ For each shape and mode (forward; forward+backward) it times:
   matmul     the layer's matrix products alone through autograd (3 forward, 5 backward
              with an input gradient): what BLAS needs at the least, the floor at large shapes
 and prints medians (with the 20th/80th percentiles) and the ratios, after checking that the
-fused result matches the reference. Timing uses torch.utils.benchmark (warm-up, repeats).
+fused result matches the reference. Timing: benchmarks/harness.py (torch.utils.benchmark's
+blocked_autorange, warm-up included), in --rounds interleaved rounds (each round times every
+provider of a mode once); the statistics pool the blocks of all rounds.
 Shapes: paper (B=128, I=100, O=2), ensemble (E=100 of those), large (B=4096, I=O=1024).
 """
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
-import json
 import os
-import platform
 import sys
-from typing import Callable, Dict
 
 import torch
-from torch.utils import benchmark
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+import harness  # noqa: E402
 import nalu_cuda  # noqa: E402
 from nalu_cuda.testing import rand_input  # noqa: E402
 
@@ -56,14 +53,7 @@ def matmul_floor(layer, x):
     return lambda xx: (torch.bmm(xx, W), torch.bmm(xx, W), torch.bmm(xx, G))
 
 
-def timer(fn: Callable[[], object], min_run_time: float) -> Dict[str, float]:
-    m = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
-    times = sorted(m.times)
-    q = lambda p: times[min(len(times) - 1, int(p * len(times)))]  # noqa: E731
-    return {"median_ms": m.median * 1e3, "p20_ms": q(0.2) * 1e3, "p80_ms": q(0.8) * 1e3, "runs": len(times)}
-
-
-def bench_shape(name, shape, device, dtype, min_run_time, with_compile):
+def bench_shape(name, shape, device, dtype, min_run_time, with_compile, rounds=3):
     torch._dynamo.reset()
     fused, ref = make_layers(shape, device, dtype)
     lead = () if shape["E"] is None else (shape["E"],)
@@ -98,21 +88,21 @@ def bench_shape(name, shape, device, dtype, min_run_time, with_compile):
         a, u, z = mm(x)
         torch.autograd.backward((a, u, z), (dy, dy, dy), inputs=W_leaf)
 
+    def no_grad(fn):
+        def run():
+            with torch.no_grad():
+                fn()
+        return run
+
     rows = []
     for mode in ("forward", "forward+backward"):
-        results = {}
-        for prov, mod in providers.items():
-            if mode == "forward":
-                with torch.no_grad():
-                    results[prov] = timer(lambda: mod(x), min_run_time)
-            else:
-                results[prov] = timer(full(mod), min_run_time)
-        if mode == "forward":
-            with torch.no_grad():
-                results["matmul"] = timer(lambda: mm(x), min_run_time)
-        else:
-            results["matmul"] = timer(mm_full, min_run_time)
-        for prov, r in results.items():
+        calls = {prov: (no_grad(lambda mod=mod: mod(x)) if mode == "forward" else full(mod))
+                 for prov, mod in providers.items()}
+        calls["matmul"] = no_grad(lambda: mm(x)) if mode == "forward" else mm_full
+        per_round = harness.interleaved(
+            {prov: (lambda fn=fn: harness.cpu_times(fn, min_run_time / rounds)) for prov, fn in calls.items()}, rounds)
+        for prov, blocks in per_round.items():
+            r = harness.stats([t for b in blocks for t in b])
             rows.append(dict(shape=name, mode=mode, provider=prov, **r, **{k: v for k, v in shape.items()}))
     return rows
 
@@ -123,7 +113,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--min-run-time", type=float, default=2.0, help="seconds per measurement")
+    ap.add_argument("--min-run-time", type=float, default=2.0, help="seconds per measurement (all rounds)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile provider")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args(argv)
@@ -133,24 +124,12 @@ def main(argv=None) -> int:
     rows = []
     for name in args.shapes:
         print(f"-- {name} {SHAPES[name]}", flush=True)
-        rows += bench_shape(name, SHAPES[name], args.device, dtype, args.min_run_time, not args.no_compile)
+        rows += bench_shape(name, SHAPES[name], args.device, dtype, args.min_run_time, not args.no_compile,
+                            args.rounds)
 
-    meta = {
-        "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cpus".strip(),
-        "torch": torch.__version__,
-        "threads": args.threads,
-        "device": args.device,
-        "dtype": args.dtype,
-        "command": "python benchmarks/bench_ops.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-    }
+    meta = {"command": harness.command(__file__, argv), **harness.machine(args.device, dtype=args.dtype,
+                                                                         rounds=args.rounds)}
     stem = os.path.join(args.out, f"bench_ops_{args.device}")
-    with open(stem + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    with open(stem + ".json", "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
     # the table, with ratios against the fused path
     lines = [f"{'shape':<9}{'mode':<18}{'fused ms':>10}{'reference ms':>14}{'compiled ms':>13}{'matmul ms':>11}"
@@ -165,9 +144,8 @@ def main(argv=None) -> int:
             lines.append(f"{name:<9}{mode:<18}{f:>10.3f}{r:>14.3f}{(f'{c:.3f}' if c else '-'):>13}{m:>11.3f}"
                          f"{r / f:>10.2f}x{(f'{c / f:.2f}x' if c else '-'):>16}{f / m:>13.2f}x")
     table = "\n".join(lines)
-    with open(stem + ".md", "w") as f:
-        f.write(f"{json.dumps(meta)}\n\n```\n{table}\n```\n")
-    print(json.dumps(meta))
+    harness.write(stem, meta, rows, f"```\n{table}\n```", title="One NALU layer: fused vs reference vs compiled")
+    print(harness.meta_lines(meta))
     print(table)
     return 0
 

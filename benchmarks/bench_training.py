@@ -34,16 +34,14 @@ the spread of the rounds (``training.json``).
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
-import platform
 import statistics
 import sys
 import time
 
 import torch
 
+import harness  # benchmarks/harness.py (this script's folder is on sys.path)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import nalu_cuda  # noqa: E402
@@ -149,10 +147,7 @@ def main(argv=None) -> int:
         }
         # Repeats are interleaved (each round times every configuration once), so that a slow phase
         # of a shared machine falls on all of them alike; each row reports the median of its rounds.
-        rounds = {key: [] for key in runs}
-        for _ in range(repeats):
-            for key, fn in runs.items():
-                rounds[key].append(fn())
+        rounds = harness.interleaved(runs, repeats)
         meas = {key: (statistics.median(v), v) for key, v in rounds.items()}
         baseline = max(meas["plain"][0], meas["1-reference"][0])  # the faster single-seed eager run
         # The same ratio within each round (its own baseline): the spread a noisy machine gives.
@@ -178,23 +173,12 @@ def main(argv=None) -> int:
             })
         print(f"{model}: " + ", ".join(f"{k} {v[0]:.0f} steps/s" for k, v in meas.items()), flush=True)
     os.makedirs(args.out, exist_ok=True)
-    meta = {"torch": torch.__version__, "nalu_cuda": nalu_cuda.__version__, "threads": args.threads,
-            "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs ({platform.processor()})",
-            "steps": args.steps, "ensemble": E, "batch": B, "inputs": I, "prefetch": not args.no_prefetch,
-            "command": "python benchmarks/bench_training.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    meta = {"command": harness.command(__file__, argv),
+            **harness.machine("cpu", steps=args.steps, ensemble=E, batch=B, inputs=I, prefetch=not args.no_prefetch),
             "load": " ".join(f"{v:.1f}" for v in load_start) + " (start), "
                     + " ".join(f"{v:.1f}" for v in os.getloadavg()) + " (end)"}
     stem = "training" if args.threads == 1 else f"training_t{args.threads}"
-    with open(os.path.join(args.out, stem + ".json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    with open(os.path.join(args.out, stem + ".csv"), "w", newline="") as f:
-        lists = ("repeats", "speedup_per_round")
-        w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k not in lists], extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    lines = ["# Training throughput, static task (batch 128, x in R^100, hidden 2)", "",
-             f"`{meta['command']}` on {meta['machine']}, torch {meta['torch']}, {args.threads} thread(s).", "",
-             "| model | configuration | steps/s | seed-steps/s | speed-up vs. seeds one after another (eager) | "
+    lines = ["| model | configuration | steps/s | seed-steps/s | speed-up vs. seeds one after another (eager) | "
              "speed-up within each round (min-max) | published protocol (5e6 steps x 100 seeds), CPU-hours |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -207,9 +191,10 @@ def main(argv=None) -> int:
               "another; for the [training math only] rows, over the same measurement at E=1 (reference). "
               f"Madsen & Johansen report about {PUBLISHED_HOURS_PER_SEED:g} CPU-hours per seed "
               f"({PUBLISHED_HOURS_PER_SEED * PUBLISHED_SEEDS:g} for 100 seeds) for the published protocol.",
-              "", "Load average during the run (other processes share this machine): " + meta.get("load", "?")]
-    with open(os.path.join(args.out, stem + ".md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+              "", "Load average during the run (other processes share this machine): " + meta["load"]]
+    harness.write(os.path.join(args.out, stem), meta, rows, "\n".join(lines),
+                  title="Training throughput, static task (batch 128, x in R^100, hidden 2)")
+    print(harness.meta_lines(meta))
     print("\n".join(lines))
     return 0
 

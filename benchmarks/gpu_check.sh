@@ -1,133 +1,174 @@
 #!/usr/bin/env bash
-# gpu_check.sh: on a machine with a GPU and a CUDA build of torch (no network needed), from the
-# repository root:
+# gpu_check.sh: the one-shot check of the CUDA kernels on a lent GPU machine (CUDA build of torch,
+# nvcc, no network), from the repository root of a copy of the working tree (no .git needed):
 #
-#     bash benchmarks/gpu_check.sh
+#     NALU_CUDA_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_check.sh [COMMIT]
+#     GPU_CHECK_DRY_RUN=1 bash benchmarks/gpu_check.sh     # on a CPU machine: every stage's logic
 #
-#   1. builds nalu_cuda in place for the local GPU (TORCH_CUDA_ARCH_LIST from its capability,
-#      e.g. 9.0 on H100/H200; setup.py falls back to setuptools' compiler loop without ninja);
-#   2. checks the build (benchmarks/check_cuda_build.py: every op has a CUDA kernel);
-#   3. runs the CUDA tests, then the rest of the suite (skipped, with a note, if pytest is missing);
-#   4. runs the GPU benchmarks (benchmarks/bench_gpu.py), which check correctness before timing.
-# Logs and results (bench_gpu.json / .csv / .md, build.log, pytest and bench logs) go to $OUT if
-# set, else benchmarks/results/. A summary and the benchmark table are printed last. Each stage has
-# a time limit so that the whole script stays under 8 minutes on one H200.
-#
-# Environment: PYTHON (default python3), TORCH_CUDA_ARCH_LIST (default: the GPU's capability),
-# MAX_JOBS (default: the number of CPUs), CUDA_HOME (default: setup.py's choice),
-# BUILD_TIMEOUT / TEST_TIMEOUT / REST_TIMEOUT / BENCH_TIMEOUT (seconds; 150 + 150 + 45 + 135 = 8 min),
-# GPU_CHECK_REST=0 (skip the non-CUDA tests), BENCH_ARGS (extra bench_gpu.py arguments).
-# Exit status: 0 when every stage passed, 1 otherwise.
+# Stages, each time-boxed inside one overall budget (GPU_CHECK_BUDGET seconds, default 420: the
+# whole run ends within 8 minutes of wall time with a minute of margin); a stage gets at most its
+# own limit and never more than what is left, and the run goes on after a failed stage:
+#   environment  GPU, driver, nvcc, CPU model, Python.h and g++ (a torch extension can build), commit
+#   build        setup.py build_ext --inplace for the local GPU's architecture        (limit 170 s)
+#   kernels      .ci/check_cuda_build.py: every op has a CUDA kernel                   (limit 20 s)
+#   tests        python_tests/test_cuda.py without the torch.compile cases, incl. CUDA-graph capture
+#                and replay and the > 2^31-element cases; --maxfail=50 -rfE            (limit 110 s)
+#   sanitizer    compute-sanitizer memcheck and racecheck on one small-path forward and backward,
+#                when the tool is there                                          (limit 2 x 40 s)
+#   bench        benchmarks/bench_gpu.py: copy bandwidth, ops (per call and graph replay), the
+#                memory-bound shape, the large shape vs cuBLAS, 100-seed training       (limit 110 s)
+#   compile      last and separate (cold torch.compile / Triton): the compile tests of
+#                test_cuda.py, then bench_gpu.py --stages compile                     (what is left)
+# Results: at most 8 files in $OUT (else benchmarks/results/gpu_check/): gpu_check.log (this
+# script's output, the benchmark's log and the summary, appended after every stage), build.log, tests.log,
+# sanitizer.log, bench_gpu.json/.csv/.md (rewritten after each benchmark stage). Exit status: 0
+# when every stage passed or was skipped for want of a tool, 1 otherwise.
+# Environment: PYTHON (python3), TORCH_CUDA_ARCH_LIST (the GPU's capability), MAX_JOBS (nproc),
+# NALU_CUDA_COMMIT (or the first argument; the copy has no .git), GPU_CHECK_BUDGET,
+# GPU_CHECK_DRY_RUN=1 (no build, no GPU: tests collected only, the benchmark's --device cpu
+# --dry-run without the compile stage, the sanitizer's target run without the tool, every limit
+# 3x; to test this script, its result files and its time-boxing on a CPU; .ci/run does).
 set -uo pipefail
-
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
-OUT_DIR="${OUT:-benchmarks/results}"
+OUT_DIR="${OUT:-benchmarks/results/gpu_check}"
 mkdir -p "$OUT_DIR"
-BUILD_TIMEOUT="${BUILD_TIMEOUT:-150}"
-TEST_TIMEOUT="${TEST_TIMEOUT:-150}"
-REST_TIMEOUT="${REST_TIMEOUT:-45}"
-BENCH_TIMEOUT="${BENCH_TIMEOUT:-135}"
+LOG="$OUT_DIR/gpu_check.log"
+BUDGET="${GPU_CHECK_BUDGET:-420}"
+DRY="${GPU_CHECK_DRY_RUN:-0}"
+export NALU_CUDA_COMMIT="${1:-${NALU_CUDA_COMMIT:-unknown}}"
+export PYTHONUNBUFFERED=1 NALU_CUDA_REQUIRE_EXT=1
 T0=$(date +%s)
-declare -A STATUS
-ORDER=()
+: >"$LOG"
+exec > >(tee -a "$LOG") 2>&1
+SUMMARY=()
+FAILED=0
 
-stage() {  # stage NAME STATUS
-  STATUS[$1]="$2"
-  ORDER+=("$1")
-  echo "== [$1] $2 ($(( $(date +%s) - T0 )) s elapsed)"
+elapsed() { echo $(( $(date +%s) - T0 )); }
+left() { echo $(( BUDGET - $(elapsed) )); }
+limit() {  # limit STAGE_LIMIT: the stage's limit (3x in a dry run: a CPU is slower), capped by what is left
+  local l want=$1; l=$(left)
+  [ "$DRY" = 1 ] && want=$(( want * 3 ))
+  (( l < want )) && echo "$l" || echo "$want"
 }
-
+record() {  # record NAME STATUS: one summary line, the summary rewritten at the end of the log
+  SUMMARY+=("$1: $2 (at $(elapsed) s)")
+  case "$2" in ok*|skipped*) ;; *) FAILED=1 ;; esac
+  echo "== [$1] $2 ($(elapsed) s of $BUDGET)"
+}
+run_boxed() {  # run_boxed NAME LIMIT LOGFILE CMD...: runs CMD under the time box, appends to LOGFILE
+  local name=$1 lim=$2 log=$3
+  shift 3
+  if (( lim < 5 )); then record "$name" "skipped: out of time"; return 0; fi
+  echo "-- $name (limit $lim s): $*" >>"$log"
+  timeout --kill-after=10 "$lim" "$@" >>"$log" 2>&1
+  local rc=$?
+  case $rc in
+    0) record "$name" "ok: $(tail -n 1 "$log")" ;;
+    124|137) tail -n 15 "$log"; record "$name" "FAILED: over its $lim s (partial output in $(basename "$log"))" ;;
+    *) tail -n 30 "$log"; record "$name" "FAILED (exit $rc): $(tail -n 1 "$log")" ;;
+  esac
+  return $rc
+}
 finish() {
   echo
-  echo "================ gpu_check summary ================"
-  "$PY" - <<'EOF' 2>/dev/null || true
-import torch
-print(f"torch {torch.__version__} CUDA {torch.version.cuda}; GPU: "
-      + (f"{torch.cuda.get_device_name()} (sm {'.'.join(map(str, torch.cuda.get_device_capability()))})"
-         if torch.cuda.is_available() else "none"))
-EOF
-  local failed=0
-  for s in "${ORDER[@]}"; do
-    echo "  $s: ${STATUS[$s]}"
-    case "${STATUS[$s]}" in ok*|skipped*) ;; *) failed=1 ;; esac
-  done
-  echo "  results and logs: $OUT_DIR ($(( $(date +%s) - T0 )) s in all)"
-  if [ -f "$OUT_DIR/bench_gpu.md" ] && [ "${STATUS[bench]:-}" != "" ]; then
-    echo
-    # The short table (the first lines of bench_gpu.md, up to the full per-row section).
-    sed -n '/^nalu_cuda GPU benchmark/,/^$/p' "$OUT_DIR/bench_gpu.md"
-  fi
-  exit $failed
+  echo "================ gpu_check summary (commit $NALU_CUDA_COMMIT, $(elapsed) s) ================"
+  printf '  %s\n' "${SUMMARY[@]}"
+  [ -f "$OUT_DIR/bench_gpu.md" ] && sed -n '/^| stage/,/^$/p' "$OUT_DIR/bench_gpu.md" | head -n 60
+  echo "  results: $OUT_DIR ($(ls "$OUT_DIR" | wc -l) files)"
+  exit $FAILED
 }
+trap finish EXIT
 
-# ---- 0. the machine ----------------------------------------------------------------------------
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  stage environment "FAILED: no CUDA device visible to $PY (torch: $("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>&1))"
-  finish
-fi
-if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
-  TORCH_CUDA_ARCH_LIST="$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')"
-  export TORCH_CUDA_ARCH_LIST
-fi
-export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+# ---- environment -------------------------------------------------------------------------------
+echo "commit $NALU_CUDA_COMMIT; $(date -u '+%Y-%m-%d %H:%M UTC'); budget $BUDGET s; dry run: $DRY"
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(OMP_NUM_THREADS= nproc) cores"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total \
+  --format=csv,noheader
 NVCC="$(command -v nvcc || true)"
 [ -z "$NVCC" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && NVCC="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
-echo "python: $("$PY" --version 2>&1) at $(command -v "$PY"); nvcc: ${NVCC:-not found}; arch: $TORCH_CUDA_ARCH_LIST; jobs: $MAX_JOBS"
-"$PY" -c "import ninja" 2>/dev/null || command -v ninja >/dev/null || echo "ninja not found: building without it"
-stage environment "ok ($TORCH_CUDA_ARCH_LIST)"
-
-# ---- 1. build ----------------------------------------------------------------------------------
-rm -f nalu_cuda/_C*.so
-if NALU_CUDA_FORCE_CUDA=1 timeout "$BUILD_TIMEOUT" "$PY" setup.py build_ext --inplace >"$OUT_DIR/build.log" 2>&1; then
-  stage build "ok"
+echo "nvcc: ${NVCC:-not found} $([ -n "$NVCC" ] && "$NVCC" --version | tail -n 1)"
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'TF32 matmul', torch.backends.cuda.matmul.allow_tf32)"
+# A torch extension needs the Python headers and a C++ compiler: check before spending the build.
+ENV_OK=1
+PYINC="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+[ -f "$PYINC/Python.h" ] || { echo "no Python.h in $PYINC"; ENV_OK=0; }
+command -v "${CXX:-g++}" >/dev/null || { echo "no C++ compiler (${CXX:-g++})"; ENV_OK=0; }
+rm -f /tmp/gpu_check_cxx
+echo 'int main() { return 0; }' >/tmp/gpu_check_cxx.cpp
+"${CXX:-g++}" -I"$PYINC" -include Python.h -o /tmp/gpu_check_cxx /tmp/gpu_check_cxx.cpp 2>&1 | tail -n 3 || ENV_OK=0
+[ -x /tmp/gpu_check_cxx ] || ENV_OK=0
+if [ "$DRY" = 1 ]; then
+  record environment "ok: dry run (Python.h and g++: $([ $ENV_OK = 1 ] && echo found || echo MISSING))"
+elif ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  record environment "FAILED: no CUDA device visible to $PY"
+  exit
+elif [ $ENV_OK = 0 ] || [ -z "$NVCC" ]; then
+  record environment "FAILED: cannot build a torch CUDA extension here (Python.h, g++ or nvcc missing)"
+  exit
 else
-  rc=$?
-  tail -40 "$OUT_DIR/build.log"
-  stage build "FAILED (exit $rc; see build.log)"
-  finish
+  record environment "ok"
 fi
 
-# ---- 2. the build has every CUDA kernel --------------------------------------------------------
-if "$PY" benchmarks/check_cuda_build.py >"$OUT_DIR/check_cuda_build.log" 2>&1; then
-  stage check_cuda_build "ok"
+# ---- build -------------------------------------------------------------------------------------
+if [ "$DRY" = 1 ]; then
+  record build "skipped: dry run (uses the extension already built)"
 else
-  cat "$OUT_DIR/check_cuda_build.log"
-  stage check_cuda_build "FAILED (see check_cuda_build.log)"
-fi
-
-# ---- 3. tests ----------------------------------------------------------------------------------
-if "$PY" -c "import pytest" 2>/dev/null; then
-  export NALU_CUDA_REQUIRE_EXT=1
-  run_pytest() {  # run_pytest NAME LOG TIMEOUT ARGS...
-    local name=$1 log=$2 limit=$3
-    shift 3
-    timeout "$limit" "$PY" -m pytest -q -x -p no:cacheprovider "$@" >"$OUT_DIR/$log" 2>&1
-    local rc=$?
-    local last
-    last="$(tail -1 "$OUT_DIR/$log")"
-    case $rc in
-      0) stage "$name" "ok: $last" ;;
-      5) stage "$name" "skipped: no tests collected" ;;
-      124) tail -15 "$OUT_DIR/$log"; stage "$name" "FAILED: over ${limit} s" ;;
-      *) tail -40 "$OUT_DIR/$log"; stage "$name" "FAILED (exit $rc): $last" ;;
-    esac
-  }
-  run_pytest tests_cuda pytest_cuda.log "$TEST_TIMEOUT" python_tests/test_cuda.py
-  if [ "${GPU_CHECK_REST:-1}" != "0" ]; then
-    run_pytest tests_rest pytest_rest.log "$REST_TIMEOUT" python_tests --ignore=python_tests/test_cuda.py
+  if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
+    TORCH_CUDA_ARCH_LIST="$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')"
+    export TORCH_CUDA_ARCH_LIST
   fi
-else
-  stage tests "skipped: pytest is not installed for $PY (the benchmark still checks correctness)"
+  export MAX_JOBS="${MAX_JOBS:-$(OMP_NUM_THREADS= nproc)}"
+  rm -f nalu_cuda/_C*.so
+  NALU_CUDA_FORCE_CUDA=1 run_boxed build "$(limit 170)" "$OUT_DIR/build.log" "$PY" setup.py build_ext --inplace ||
+    exit  # nothing below can run without the build
 fi
 
-# ---- 4. benchmarks -----------------------------------------------------------------------------
-# shellcheck disable=SC2086
-timeout "$BENCH_TIMEOUT" "$PY" benchmarks/bench_gpu.py --out "$OUT_DIR" ${BENCH_ARGS:-} 2>&1 | tee "$OUT_DIR/bench.log" | grep '^\[bench\]\|CORRECTNESS\|^  - \|Error\|error'
-rc=${PIPESTATUS[0]}
-case $rc in
-  0) stage bench "ok" ;;
-  124) stage bench "FAILED: over ${BENCH_TIMEOUT} s (partial log in bench.log)" ;;
-  *) tail -30 "$OUT_DIR/bench.log"; stage bench "FAILED (exit $rc; see bench.log)" ;;
-esac
-finish
+# ---- kernels -----------------------------------------------------------------------------------
+if [ "$DRY" = 1 ]; then
+  record kernels "skipped: dry run (no CUDA build)"
+else
+  run_boxed kernels "$(limit 20)" "$OUT_DIR/build.log" "$PY" .ci/check_cuda_build.py
+fi
+
+# ---- tests (the torch.compile cases come last, in the compile stage) ---------------------------
+PYTEST=("$PY" -m pytest python_tests/test_cuda.py -q -p no:cacheprovider --maxfail=50 -rfE)
+if [ "$DRY" = 1 ]; then
+  run_boxed tests "$(limit 100)" "$OUT_DIR/tests.log" "${PYTEST[@]}" -k "not compile" --collect-only
+else
+  run_boxed tests "$(limit 110)" "$OUT_DIR/tests.log" "${PYTEST[@]}" -k "not compile"
+fi
+
+# ---- sanitizer ---------------------------------------------------------------------------------
+SAN="$(command -v compute-sanitizer || true)"
+[ -z "$SAN" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" ] && SAN="${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer"
+CASE=("$PY" benchmarks/bench_gpu.py --stages sanitize_case)
+if [ "$DRY" = 1 ]; then
+  echo "would run: ${SAN:-compute-sanitizer} --tool {memcheck,racecheck} --error-exitcode 1 ${CASE[*]}" >>"$OUT_DIR/sanitizer.log"
+  run_boxed sanitizer "$(limit 60)" "$OUT_DIR/sanitizer.log" "${CASE[@]}" --device cpu
+elif [ -z "$SAN" ]; then
+  record sanitizer "skipped: compute-sanitizer not found"
+else
+  run_boxed memcheck "$(limit 40)" "$OUT_DIR/sanitizer.log" "$SAN" --tool memcheck --error-exitcode 1 "${CASE[@]}"
+  run_boxed racecheck "$(limit 40)" "$OUT_DIR/sanitizer.log" "$SAN" --tool racecheck --error-exitcode 1 "${CASE[@]}"
+fi
+
+# ---- benchmarks --------------------------------------------------------------------------------
+BENCH=("$PY" benchmarks/bench_gpu.py --out "$OUT_DIR")
+[ "$DRY" = 1 ] && BENCH+=(--device cpu --dry-run)
+lim=$(limit 110)
+# bench_gpu.py stops starting work 10 s before its box closes, and saves after every stage.
+run_boxed bench "$lim" "$LOG" "${BENCH[@]}" --deadline $(( lim - 10 ))
+
+# ---- compile: cold torch.compile / Triton, last and separate ------------------------------------
+if [ "$DRY" = 1 ]; then
+  run_boxed compile_tests "$(limit 60)" "$OUT_DIR/tests.log" "${PYTEST[@]}" -k compile --collect-only
+else
+  run_boxed compile_tests "$(limit 90)" "$OUT_DIR/tests.log" "${PYTEST[@]}" -k compile
+fi
+if [ "$DRY" = 1 ]; then
+  record compile_bench "skipped: dry run (a cold compile on a CPU takes minutes)"
+else
+  lim=$(left)
+  run_boxed compile_bench "$lim" "$LOG" "${BENCH[@]}" --stages compile --append --deadline $(( lim - 10 ))
+fi

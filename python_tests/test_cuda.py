@@ -205,6 +205,45 @@ def test_nalu_forward_saved_values(O, gate, tied):
                                          t.get("M_hat_m"), EPS, gate), **tol)
 
 
+def _uniform(shape, low, high):
+    return torch.rand(shape, dtype=torch.float64) * (high - low) + low
+
+
+@pytest.mark.parametrize("O", [2, 24], ids=["small", "cublas"])
+@pytest.mark.parametrize("kind", ["nalu_input_tied", "nalu_indep_sep"])
+def test_float16_overflowing_m_keeps_gradients_finite(kind, O):
+    """float16: u = lx W_m between 11.2 and 14.6 overflows m = exp(u) (max 65504 in float16) while
+    g is close to 1, so y stays finite; the saved m saturates at 65504, so the backward is finite."""
+    _, gate, sep = KINDS[kind]
+    I = 4
+    big = lambda: _uniform((I, O), 2.5, 3.5)  # noqa: E731  tanh * sigmoid in [0.92, 0.97]
+    t = {"x": _uniform((64, I), 20.0, 40.0)}  # lx in [3.0, 3.7]
+    if sep:
+        t.update(W_hat=testing.rand_params((I, O)), M_hat=testing.rand_params((I, O)), W_hat_m=big(), M_hat_m=big())
+    else:
+        t.update(W_hat=big(), M_hat=big())
+    t["G"] = _uniform((I, O), 0.1, 0.15) if gate == "input" else _uniform((O,), 8.0, 9.0)  # 1 - g < 4e-4
+    dtype, dev = torch.float16, _dev()
+    h = {k: v.to(device=dev, dtype=dtype) for k, v in t.items()}
+    _, _, m, _, _ = torch.ops.nalu_cuda.nalu_forward(h["x"], h["W_hat"], h["M_hat"], h.get("W_hat_m"),
+                                                    h.get("M_hat_m"), h["G"], EPS, gate == "input")
+    r = {k: v.double() for k, v in h.items()}
+    Wm = R.nac_weight(r["W_hat_m"], r["M_hat_m"]) if sep else R.nac_weight(r["W_hat"], r["M_hat"])
+    over = torch.exp(R.log_abs(r["x"], EPS) @ Wm) > 65504
+    assert over.float().mean() > 0.5, "bad test inputs: m should overflow float16 for most entries"
+    assert torch.isfinite(m).all() and (m[over] == 65504).all(), "the saved m is not saturated at 65504"
+    gy = torch.randn(64, O, dtype=torch.float64)
+    y, g = run(kind, F, t, dtype, dev, gy)
+    # The float32 reference from the same rounded inputs: m fits in float32.
+    y32, g32 = run(kind, R, {k: v.to(dtype).double() for k, v in t.items()}, torch.float32, dev, gy.to(dtype).double())
+    assert torch.isfinite(y32).all() and torch.isfinite(y).all()
+    torch.testing.assert_close(y.float(), y32, rtol=2e-2, atol=1e-2)
+    for n, v in g.items():
+        assert torch.isfinite(v).all(), f"grad {n} is not finite: {v}"
+    if sep:  # dW = x^T (g dy) does not involve m
+        torch.testing.assert_close(g["W_hat"].float(), g32["W_hat"], rtol=2e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize("O", [2, 24], ids=["small", "cublas"])
 def test_nac_mul_forward_saved_values_and_backward_flags(O):
     t = {k: v.to(DEV) for k, v in make_inputs("nac_mul", None, (20,), 6, O).items()}

@@ -7,7 +7,8 @@
 //             dW = x^T da (+ lx^T du when tied);  dW_m = lx^T du;  dG = x^T dz (or sum_n dz)
 //             dx = da W^T + dz G^T + (du W_m^T) sign(x) / (|x| + eps)
 //             dW_hat, dM_hat from dW through the weight construction
-// Saved by forward for backward (csrc/nalu_ops.cpp): lx, and a, m, g for NALU (m = y for NAC*).
+// Saved by forward for backward (csrc/nalu_ops.cpp): lx, and a, m, g for NALU (m = y for NAC*);
+// in float16/bfloat16 NALU's m saturates at the type's largest finite value (st_m).
 // W is rebuilt in backward from W_hat, M_hat.
 //
 // Precision: storage may be float, double, float16 or bfloat16; every value is loaded into the
@@ -83,6 +84,20 @@ __device__ __forceinline__ A ld(const void* p, int64_t k) {
 template <typename T, typename A>
 __device__ __forceinline__ void st(void* p, int64_t k, A v) {
   static_cast<T*>(p)[k] = static_cast<T>(v);
+}
+
+// NALU's m = exp(u), saved for the backward. In float16 it overflows past u ~ 11.09 while y, blended
+// in the compute type, stays finite; an inf m would make du = (1 - g) dy m and dz = (a - m) dy
+// g (1 - g) inf or NaN. So a 2-byte storage type keeps m saturated at its largest finite value
+// (NaN stays NaN); wider types store it as is.
+template <typename T, typename A>
+__device__ __forceinline__ void st_m(void* p, int64_t k, A m) {
+  if constexpr (std::is_same_v<T, c10::Half>) {
+    m = m > A(65504.0f) ? A(65504.0f) : m;
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    m = m > A(3.38953139e38f) ? A(3.38953139e38f) : m;
+  }
+  st<T>(p, k, m);
 }
 
 template <bool ADD, bool MUL, int GATE>
@@ -295,7 +310,7 @@ __global__ void __launch_bounds__(kThreads) small_forward_kernel(LayerPtrs p, Fw
           const A gv = GATE == kGateInput ? nm::sigmoid(acc_z[j]) : s_gind[j];
           st<T>(out.y, o, nm::blend(acc_a[j], mv, gv));
           st<T>(out.a, o, acc_a[j]);
-          st<T>(out.m, o, mv);
+          st_m<T>(out.m, o, mv);
           if (GATE == kGateInput) st<T>(out.g, o, gv);
         } else if (ADD) {
           st<T>(out.y, o, acc_a[j]);
@@ -538,7 +553,7 @@ __global__ void __launch_bounds__(kThreads) forward_epilogue_kernel(LayerPtrs p,
       } else {
         gv = nm::sigmoid(ld<A, T>(p.G, (k / NO) * O + k % O));
       }
-      st<T>(out.m, k, mv);
+      st_m<T>(out.m, k, mv);
       st<T>(out.y, k, nm::blend(ld<A, T>(out.a, k), mv, gv));
     } else if (MUL) {
       st<T>(out.y, k, nm::exp_(ld<A, T>(out.y, k)));

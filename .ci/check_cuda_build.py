@@ -1,7 +1,7 @@
 """Checks that the installed nalu_cuda was built with its CUDA kernels (for CI; no GPU needed).
 
-    python benchmarks/check_cuda_build.py
-    NALU_CUDA_LIBRARY=build-cmake/libnalu_cuda_ops.so python benchmarks/check_cuda_build.py   # CMake build
+    python .ci/check_cuda_build.py
+    NALU_CUDA_LIBRARY=build-cmake/libnalu_cuda_ops.so python .ci/check_cuda_build.py   # CMake build
 
 Imports nalu_cuda with NALU_CUDA_REQUIRE_EXT=1 (a missing or broken extension is an error, not a
 fallback to the reference path), then asserts that the build reports CUDA and that every op of the
