@@ -9,10 +9,10 @@ Modules: :class:`NAC`, :class:`NACMul`, :class:`NALU`. Functions: :mod:`nalu_cud
 (the fused ops) and :mod:`nalu_cuda.reference` (the pure-PyTorch specification).
 """
 from . import _ops, functional, reference
-from .modules import BACKENDS, NAC, NALU, NACMul
+from .modules import BACKENDS, INALU, NAC, NALU, NPU, NACMul, RealNPU
 
 __version__ = "0.1.0"
-__all__ = ["NAC", "NACMul", "NALU", "BACKENDS", "functional", "reference", "has_extension", "build_info"]
+__all__ = ["NAC", "NACMul", "NALU", "NPU", "RealNPU", "INALU", "BACKENDS", "functional", "reference", "has_extension", "build_info"]
 
 
 def has_extension() -> bool:
