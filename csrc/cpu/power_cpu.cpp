@@ -25,7 +25,6 @@
 //
 // Every reduction over rows runs in a fixed order per output element (columns are split across
 // threads, rows never), so results do not depend on the thread count.
-#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/bmm.h>
@@ -55,6 +54,17 @@ int64_t grain_for(int64_t work_per_item) { return std::max<int64_t>(1, kGrainWor
 const std::vector<at::ScalarType>& cpu_dtypes() {
   static const std::vector<at::ScalarType> kTypes{at::kFloat, at::kDouble};
   return kTypes;
+}
+
+// Calls f.template operator()<T>() with T = float or double (checked before): the loops hold
+// `#pragma omp simd`, which cannot sit inside the argument of the AT_DISPATCH macros.
+template <typename F>
+void dispatch_float(at::ScalarType st, F&& f) {
+  if (st == at::kDouble) {
+    f.template operator()<double>();
+  } else {
+    f.template operator()<float>();
+  }
 }
 
 // A (rows, cols) view of one member per leading index: (E, rows, cols), contiguous and owned.
@@ -92,6 +102,7 @@ void npu_prologue(const T* x, const T* g, T eps, T* LK, T* lr_out, int64_t E, in
       const T* ge = g + e * I;
       T* L = LK + (e * 2 * N + n) * I;
       T* K = LK + (e * 2 * N + N + n) * I;
+#pragma omp simd
       for (int64_t i = 0; i < I; ++i) {
         const T gc = pm::npu_gate(ge[i]);
         pm::npu_prologue(xr[i], gc, eps, &L[i], &K[i]);
@@ -117,7 +128,7 @@ std::tuple<Tensor, Tensor, Tensor> npu_forward_cpu(const Tensor& x, const Tensor
   Tensor lr = at::empty(x.sizes(), x.options());
   Tensor y = at::empty(s.out_sizes, x.options());
   Tensor sy = at::empty(s.out_sizes, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "npu_forward_cpu", [&] {
+  dispatch_float(x.scalar_type(), [&]<typename scalar_t>() {
     npu_prologue<scalar_t>(x3.data_ptr<scalar_t>(), gc.data_ptr<scalar_t>(), static_cast<scalar_t>(eps),
                            LK.data_ptr<scalar_t>(), lr.data_ptr<scalar_t>(), E, N, I);
     const Tensor P = at::bmm(LK, Wc);  // (E, 2N, C)
@@ -161,7 +172,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> npu_backward_cpu(const Tensor& grad_y
   Tensor grad_x = compute_grad_x ? at::empty(x.sizes(), x.options()) : empty_grad(x);
   Tensor grad_g = at::empty(g.sizes(), x.options());
   Tensor grad_W_r, grad_W_i;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "npu_backward_cpu", [&] {
+  dispatch_float(x.scalar_type(), [&]<typename scalar_t>() {
     using T = scalar_t;
     const T ep = static_cast<T>(eps);
     const T* gyp = gy3.data_ptr<T>();
@@ -191,6 +202,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> npu_backward_cpu(const Tensor& grad_y
         T* L = lkp + (e * 2 * N + n) * I;
         T* K = lkp + (e * 2 * N + N + n) * I;
         const T* ge = gp + e * I;
+#pragma omp simd
         for (int64_t i = 0; i < I; ++i) {
           L[i] = lrp[r * I + i];
           K[i] = pm::npu_k(xp[r * I + i], pm::npu_gate(ge[i]));
@@ -215,10 +227,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> npu_backward_cpu(const Tensor& grad_y
         T* dL = dlk + (e * 2 * N + n) * I;
         const T* dK = dlk + (e * 2 * N + N + n) * I;
         const T* ge = gp + e * I;
+        // dx goes to grad_x, or back over dK (read already) when grad_x was not asked for.
+        T* dxo = gxp != nullptr ? gxp + r * I : dlk + (e * 2 * N + N + n) * I;
+#pragma omp simd
         for (int64_t i = 0; i < I; ++i) {
           T dx, dg;
           pm::npu_prologue_backward(xp[r * I + i], pm::npu_gate(ge[i]), ep, dL[i], dK[i], &dx, &dg);
-          if (gxp != nullptr) gxp[r * I + i] = dx;
+          dxo[i] = dx;
           dL[i] = pm::npu_gate_passes(ge[i]) ? dg : T(0);
         }
       }
@@ -289,7 +304,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> inalu_forward_cpu(const Tenso
   Tensor y = at::empty(s.out_sizes, x.options());
   Tensor msv = at::empty(s.out_sizes, x.options());
   Tensor a, u;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "inalu_forward_cpu", [&] {
+  dispatch_float(x.scalar_type(), [&]<typename scalar_t>() {
     using T = scalar_t;
     const T ep = static_cast<T>(eps), om = static_cast<T>(omega);
     const Tensor W = nac_weight_of<T>(W_hat, M_hat).reshape({E, I, O});
@@ -297,6 +312,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> inalu_forward_cpu(const Tenso
     const T* xp = x3.data_ptr<T>();
     T* lxp = lx.data_ptr<T>();
     at::parallel_for(0, x3.numel(), grain_for(32), [&](int64_t k0, int64_t k1) {
+#pragma omp simd
       for (int64_t k = k0; k < k1; ++k) lxp[k] = pm::inalu_log(xp[k], ep);
     });
     a = at::bmm(x3, W).reshape(s.out_sizes);
@@ -344,7 +360,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> inalu_backward_cpu(
   Tensor grad_G = at::empty(G.sizes(), x.options());
   Tensor grad_x = empty_grad(x);
   Tensor gW, gM, gWm, gMm;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "inalu_backward_cpu", [&] {
+  dispatch_float(x.scalar_type(), [&]<typename scalar_t>() {
     using T = scalar_t;
     const T ep = static_cast<T>(eps), om = static_cast<T>(omega);
     const Tensor W = nac_weight_of<T>(W_hat, M_hat).reshape({E, I, O});
@@ -410,6 +426,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> inalu_backward_cpu(
       const T* dlp = dlx.data_ptr<T>();
       T* gxp = grad_x.data_ptr<T>();
       at::parallel_for(0, grad_x.numel(), grain_for(16), [&](int64_t k0, int64_t k1) {
+#pragma omp simd
         for (int64_t k = k0; k < k1; ++k) gxp[k] += dlp[k] * pm::inalu_log_grad(xp[k], ep);
       });
       grad_x = grad_x.reshape(x.sizes());
