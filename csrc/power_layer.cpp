@@ -84,7 +84,15 @@ void check_npu_saved(const char* op, const LayerShape& s, const at::Tensor& x, c
   check_like(op, "lr", lr, x.sizes(), x);
 }
 
-LayerShape check_inalu(const char* op, const at::Tensor& x, const LayerParams& p, double eps, double omega) {
+LayerShape check_inalu(const char* op, const at::Tensor& x, const at::Tensor& W_hat, const at::Tensor& M_hat,
+                       const at::Tensor& W_hat_m, const at::Tensor& M_hat_m, const at::Tensor& G, double eps,
+                       double omega) {
+  LayerParams p;
+  p.W_hat = W_hat;
+  p.M_hat = M_hat;
+  p.W_hat_m = W_hat_m;
+  p.M_hat_m = M_hat_m;
+  p.G = G;
   LayerShape s = check_layer(op, kInalu, x, p, eps);
   TORCH_CHECK(std::isfinite(omega), op, ": argument 'omega' must be a finite number, got ", omega);
   return s;

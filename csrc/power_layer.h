@@ -25,7 +25,9 @@ void check_npu_saved(const char* op, const LayerShape& s, const at::Tensor& x, c
                      const at::Tensor& y, const at::Tensor& sy, const at::Tensor& lr);
 
 // iNALU: check_layer of kInalu plus omega (finite).
-LayerShape check_inalu(const char* op, const at::Tensor& x, const LayerParams& p, double eps, double omega);
+LayerShape check_inalu(const char* op, const at::Tensor& x, const at::Tensor& W_hat, const at::Tensor& M_hat,
+                       const at::Tensor& W_hat_m, const at::Tensor& M_hat_m, const at::Tensor& G, double eps,
+                       double omega);
 
 // Checks an inalu_backward's grad_y and the forward's a, u, msv (y's shape) and lx (x's shape).
 void check_inalu_saved(const char* op, const LayerShape& s, const at::Tensor& x, const at::Tensor& grad_y,

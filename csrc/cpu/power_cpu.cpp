@@ -279,23 +279,12 @@ std::tuple<Tensor, Tensor> nac_weight_grads(const Tensor& dW, const Tensor& W_ha
   return {gw, gm};
 }
 
-LayerParams inalu_params(const Tensor& W_hat, const Tensor& M_hat, const Tensor& W_hat_m, const Tensor& M_hat_m,
-                         const Tensor& G) {
-  LayerParams p;
-  p.W_hat = W_hat;
-  p.M_hat = M_hat;
-  p.W_hat_m = W_hat_m;
-  p.M_hat_m = M_hat_m;
-  p.G = G;
-  return p;
-}
-
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> inalu_forward_cpu(const Tensor& x, const Tensor& W_hat,
                                                                      const Tensor& M_hat, const Tensor& W_hat_m,
                                                                      const Tensor& M_hat_m, const Tensor& G,
                                                                      double eps, double omega) {
   const char* op = "nalu_cuda::inalu_forward";
-  const LayerShape s = check_inalu(op, x, inalu_params(W_hat, M_hat, W_hat_m, M_hat_m, G), eps, omega);
+  const LayerShape s = check_inalu(op, x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega);
   check_dtype_supported(op, x, "CPU", cpu_dtypes());
   const int64_t E = s.E, N = s.N, I = s.I, O = s.O;
   const Tensor x3 = as3(x, E, N, I);
@@ -348,7 +337,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> inalu_backward_cpu(
     const Tensor& M_hat_m, const Tensor& G, const Tensor& a, const Tensor& u, const Tensor& msv, const Tensor& lx,
     double eps, double omega, bool compute_grad_x) {
   const char* op = "nalu_cuda::inalu_backward";
-  const LayerShape s = check_inalu(op, x, inalu_params(W_hat, M_hat, W_hat_m, M_hat_m, G), eps, omega);
+  const LayerShape s = check_inalu(op, x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega);
   check_dtype_supported(op, x, "CPU", cpu_dtypes());
   check_inalu_saved(op, s, x, grad_y, a, u, msv, lx);
   const int64_t E = s.E, N = s.N, I = s.I, O = s.O;

@@ -148,13 +148,7 @@ InaluInputs inalu_inputs(const Tensor& x, const Tensor& W_hat, const Tensor& M_h
 
 LayerShape check_inalu_cuda(const char* op, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
                             const Tensor& W_hat_m, const Tensor& M_hat_m, const Tensor& G, double eps, double omega) {
-  LayerParams p;
-  p.W_hat = W_hat;
-  p.M_hat = M_hat;
-  p.W_hat_m = W_hat_m;
-  p.M_hat_m = M_hat_m;
-  p.G = G;
-  const LayerShape s = check_inalu(op, x, p, eps, omega);
+  const LayerShape s = check_inalu(op, x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega);
   check_device(op, x);
   return s;
 }
