@@ -61,6 +61,8 @@ def _extension():
         "csrc/nalu_layer.cpp",
         "csrc/autocast.cpp",
         "csrc/autograd.cpp",
+        "csrc/autograd_power.cpp",
+        "csrc/power_layer.cpp",
         "csrc/module.cpp",
     ] + sorted(glob.glob("csrc/cpu/*.cpp")) + sorted(glob.glob("csrc/training/*.cpp"))
     macros = [("NALU_CUDA_VERSION", f'"{VERSION}"')]

@@ -10,11 +10,12 @@ Modules: :class:`NAC`, :class:`NACMul`, :class:`NALU`. Functions: :mod:`nalu_cud
 presets: :mod:`nalu_cuda.init_presets`; other codebases' checkpoints and units: :mod:`nalu_cuda.compat`.
 """
 from . import _ops, functional, init_presets, reference
-from .modules import BACKENDS, NAC, NALU, NACMul
+from .modules import BACKENDS, INALU, NAC, NALU, NPU, NACMul, RealNPU
 from . import compat  # noqa: E402  (needs the modules)
 
 __version__ = "0.1.0"
-__all__ = ["NAC", "NACMul", "NALU", "BACKENDS", "functional", "reference", "init_presets", "compat", "has_extension", "build_info"]
+__all__ = ["NAC", "NACMul", "NALU", "NPU", "RealNPU", "INALU", "BACKENDS", "functional", "reference", "init_presets",
+           "compat", "has_extension", "build_info"]
 
 
 def has_extension() -> bool:

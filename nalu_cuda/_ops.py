@@ -56,15 +56,19 @@ OP_NAMES = (
     "nac_mul_backward",
     "nalu_forward",
     "nalu_backward",
+    "npu_forward",
+    "npu_backward",
+    "inalu_forward",
+    "inalu_backward",
 )
 
 
-def has_kernel(device_type: str) -> bool:
-    """Whether the loaded library has kernels for ``device_type`` ("cpu", "cuda", ...)."""
+def has_kernel(device_type: str, op: str = "nalu_forward") -> bool:
+    """Whether the loaded library has a kernel of ``op`` for ``device_type`` ("cpu", "cuda", ...)."""
     if ops is None:
         return False
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
-    return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key("nalu_cuda::nalu_forward", key)
+    return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(f"nalu_cuda::{op}", key)
 
 
 # (device type, dtype) pairs with a fused kernel; fixed at import so that lookups are constant
@@ -72,6 +76,11 @@ def has_kernel(device_type: str) -> bool:
 KERNEL_DTYPES = frozenset(
     ([("cpu", torch.float32), ("cpu", torch.float64)] if has_kernel("cpu") else [])
     + ([("cuda", dt) for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16)] if has_kernel("cuda") else [])
+)
+
+# The same for the power units and iNALU (npu_forward, inalu_forward: registered together).
+POWER_KERNEL_DTYPES = frozenset(
+    (dev, dt) for dev, dt in KERNEL_DTYPES if has_kernel(dev, "npu_forward") and has_kernel(dev, "inalu_forward")
 )
 
 
@@ -254,7 +263,72 @@ def _register_flop_formulas() -> None:
         return products * (2 if compute_grad_x else 1) * _matmul_flops(x, W_hat)
 
 
+def _npu_out_shape(op: str, x: Tensor, W_r: Tensor, W_i: Optional[Tensor], g: Tensor, eps: float) -> list:
+    """The checks of csrc/power_layer.cpp (check_npu) on metadata; returns y's shape."""
+    _check_float(op, "x", x)
+    _check_float(op, "W_r", W_r)
+    _check_match(op, "W_r", W_r, "x", x)
+    if W_r.dim() not in (2, 3):
+        _fail(op, f"argument 'W_r' must have shape (in, out) or (E, in, out), got {list(W_r.shape)}")
+    if W_i is not None:
+        _check_float(op, "W_i", W_i)
+        _check_match(op, "W_i", W_i, "x", x)
+        if W_i.shape != W_r.shape:
+            _fail(op, f"argument 'W_i' must have the shape of 'W_r' {list(W_r.shape)}, got {list(W_i.shape)}")
+    I, O = W_r.shape[-2], W_r.shape[-1]
+    if W_r.dim() == 3:
+        E = W_r.shape[0]
+        if x.dim() < 2 or x.shape[0] != E or x.shape[-1] != I:
+            _fail(op, f"argument 'x' must have shape (E, ..., in) = ({E}, ..., {I}) to match ensemble "
+                      f"weights 'W_r' {list(W_r.shape)}, got {list(x.shape)}")
+    elif x.dim() < 1 or x.shape[-1] != I:
+        _fail(op, f"argument 'x' must have shape (..., in) = (..., {I}) to match 'W_r' "
+                  f"{list(W_r.shape)}, got {list(x.shape)}")
+    _check_float(op, "g", g)
+    _check_match(op, "g", g, "x", x)
+    want = list(W_r.shape[:-2]) + [I]
+    if list(g.shape) != want:
+        _fail(op, f"argument 'g' (the relevance gate) must have shape {'(E, in)' if W_r.dim() == 3 else '(in,)'} = "
+                  f"{want}, got {list(g.shape)}")
+    if not (eps > 0 and eps != float("inf")):
+        _fail(op, f"argument 'eps' must be a positive finite number, got {eps}")
+    return list(x.shape[:-1]) + [O]
+
+
+def _inalu_out_shape(op: str, x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega) -> list:
+    shape = _layer_out_shape(op, x, W_hat, M_hat, W_hat_m, M_hat_m, G, False, eps)
+    if omega != omega or omega in (float("inf"), float("-inf")):
+        _fail(op, f"argument 'omega' must be a finite number, got {omega}")
+    return shape
+
+
+def _register_power_fakes() -> None:
+    reg = torch.library.register_fake
+
+    @reg("nalu_cuda::npu_forward")
+    def _(x, W_r, W_i, g, eps):
+        shape = _npu_out_shape("npu_forward", x, W_r, W_i, g, eps)
+        return x.new_empty(shape), x.new_empty(shape), _like(x)
+
+    @reg("nalu_cuda::npu_backward")
+    def _(grad_y, x, W_r, W_i, g, y, s, lr, eps, compute_grad_x):
+        _npu_out_shape("npu_backward", x, W_r, W_i, g, eps)
+        return _grad_or_empty(compute_grad_x, x, x), _like(W_r), _grad_or_empty(W_i is not None, W_r, x), _like(g)
+
+    @reg("nalu_cuda::inalu_forward")
+    def _(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega):
+        shape = _inalu_out_shape("inalu_forward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega)
+        return tuple(x.new_empty(shape) for _ in range(4)) + (_like(x),)
+
+    @reg("nalu_cuda::inalu_backward")
+    def _(grad_y, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, u, msv, lx, eps, omega, compute_grad_x):
+        _inalu_out_shape("inalu_backward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega)
+        return (_grad_or_empty(compute_grad_x, x, x), _like(W_hat), _like(M_hat), _like(W_hat_m), _like(M_hat_m),
+                _like(G))
+
+
 if ops is not None:
     _register_fakes()
     _register_flop_formulas()
+    _register_power_fakes()
 

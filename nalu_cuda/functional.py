@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 
 from . import _ops, reference
-from .reference import DEFAULT_EPS, GATES, NaluParts, _check_gate_bias, _matmul
+from .reference import DEFAULT_EPS, DEFAULT_OMEGA, GATES, NaluParts, _check_gate_bias, _matmul
 
-__all__ = ["nac_weight", "nac", "nac_mul", "nalu", "nalu_parts", "NaluParts"]
+__all__ = ["nac_weight", "nac", "nac_mul", "nalu", "nalu_parts", "NaluParts", "npu", "real_npu", "inalu"]
 
 
 def _ops_or_raise():
@@ -221,3 +221,30 @@ def nalu_parts(
         with torch.autocast(dev, enabled=False):
             return _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
     return _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
+
+
+def npu(x: Tensor, W_r: Tensor, W_i: Optional[Tensor], g: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
+    """NPU: ``y = exp(log(r) W_r - k W_i) cos(k W_r + log(r) W_i)``; see :func:`nalu_cuda.reference.npu`.
+    ``W_i=None`` is the RealNPU."""
+    y, _s, _lr = _ops_or_raise().npu_forward(x, W_r, W_i, g, eps)
+    return y
+
+
+def real_npu(x: Tensor, W_r: Tensor, g: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
+    """RealNPU: :func:`npu` with ``W_i = 0``."""
+    return npu(x, W_r, None, g, eps)
+
+
+def inalu(
+    x: Tensor,
+    W_hat: Tensor,
+    M_hat: Tensor,
+    W_hat_m: Tensor,
+    M_hat_m: Tensor,
+    G: Tensor,
+    eps: float = DEFAULT_EPS,
+    omega: float = DEFAULT_OMEGA,
+) -> Tensor:
+    """iNALU: ``y = g a + (1 - g) m clip(msv, -1, 1)``; see :func:`nalu_cuda.reference.inalu`."""
+    y, _a, _u, _msv, _lx = _ops_or_raise().inalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega)
+    return y

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from . import _ops, functional, init_presets, reference
 from .reference import DEFAULT_EPS, GATES
 
-__all__ = ["NAC", "NACMul", "NALU", "BACKENDS"]
+__all__ = ["NAC", "NACMul", "NALU", "NPU", "RealNPU", "INALU", "BACKENDS"]
 
 BACKENDS = ("auto", "fused", "reference")
 Generators = Union[None, torch.Generator, Sequence[torch.Generator]]
@@ -296,3 +296,137 @@ class NALU(_ArithmeticLayer):
         init = "" if self.init == init_presets.DEFAULT else f", init={self.init!r}"
         return (f"{self._base_repr()}, eps={self.eps}, tied={self.tied}, gate={self.gate!r}{extra}{init}, "
                 f"backend={self.backend!r}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Units beyond the paper (csrc/power_math.h, nalu_cuda.reference.npu / inalu): initialisations as
+# in the authors' code, see the class docstrings.
+# ------------------------------------------------------------------------------------------------
+
+
+class _PowerLayer(_ArithmeticLayer):
+    """What NPU, RealNPU and INALU share: the fused path where their kernels exist."""
+
+    def use_fused(self, x: Tensor) -> bool:
+        if self.backend == "reference":
+            return False
+        if self.backend == "fused":
+            return True
+        return (x.device.type, x.dtype) in _ops.POWER_KERNEL_DTYPES
+
+    def _check_eps(self, eps) -> float:
+        if not (isinstance(eps, (int, float)) and 0 < eps < math.inf):
+            raise ValueError(f"nalu_cuda.{type(self).__name__}: argument 'eps' must be a positive finite number, "
+                             f"got {eps!r}")
+        return float(eps)
+
+
+class NPU(_PowerLayer):
+    """Neural Power Unit (Heim, Pevný, Šmídl 2020): ``y = exp(log(r) W_r - k W_i) cos(k W_r + log(r) W_i)``.
+
+    ``r = g (|x| + eps) + (1 - g)`` and ``k = g pi [x < 0]`` with the relevance gate ``g`` of
+    shape ``(in,)`` (``(E, in)``), clamped to [0, 1] in the forward; :meth:`project_` clamps the
+    parameter itself in place (call it after each optimiser step, as a projection, to keep the
+    gate where its gradient is not cut by the clamp). Weights ``W_r``, ``W_i`` are ``(in, out)``.
+    Published initialisation: ``W_r`` Glorot uniform U(-sqrt(6 / (in + out)), +sqrt(6 / (in + out))),
+    ``W_i = 0``, ``g = 0.5``.
+    """
+
+    real = False
+
+    def __init__(self, in_features: int, out_features: int, *, eps: float = DEFAULT_EPS,
+                 ensemble: Optional[int] = None, backend: str = "auto", device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, ensemble, backend, device, dtype)
+        self.eps = self._check_eps(eps)
+        self.W_r = self._param(in_features, out_features)
+        if self.real:
+            self.register_parameter("W_i", None)
+        else:
+            self.W_i = self._param(in_features, out_features)
+        self.g = self._param(in_features)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: Generators = None) -> None:
+        bound = math.sqrt(6.0 / (self.in_features + self.out_features))
+        for idx, gen in self._members(generator):
+            self.W_r[idx].uniform_(-bound, bound, generator=gen)
+            if self.W_i is not None:
+                self.W_i[idx].zero_()
+            self.g[idx].fill_(0.5)
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        """Clamps the relevance gate ``g`` to [0, 1] in place (the authors' projection)."""
+        self.g.clamp_(0.0, 1.0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        fn = functional.npu if self.use_fused(x) else reference.npu
+        return fn(x, self.W_r, self.W_i, self.g, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self._base_repr()}, eps={self.eps}, backend={self.backend!r}"
+
+
+class RealNPU(NPU):
+    """RealNPU: the :class:`NPU` with ``W_i = 0`` (no ``W_i`` parameter), ``y = exp(log(r) W_r) cos(k W_r)``."""
+
+    real = True
+
+
+class INALU(_PowerLayer):
+    """iNALU (Schlör, Ring, Hotho 2020): ``y = g a + (1 - g) m clip(msv, -1, 1)``.
+
+    Separate weights: ``a = x W`` with ``W = tanh(W_hat) sigmoid(M_hat)``, and
+    ``m = exp(min(log(max(|x|, eps)) W_m, omega))`` with ``W_m`` from ``W_hat_m``, ``M_hat_m``;
+    the sign ``msv = prod_i (sign(x_i) |W_m[i]| + 1 - |W_m[i]|)``; the input-independent gate
+    ``g = sigmoid(G)``, ``G`` of shape ``(out,)``. Parameter names are those of
+    ``NALU(tied=False, gate="independent")``.
+    Initialisation of the authors' scripts: ``W_hat``, ``W_hat_m`` ~ N(1, 0.1);
+    ``M_hat``, ``M_hat_m`` ~ N(-1, 0.1); ``G`` ~ N(0, 0.1). Their re-initialisation on a stalled
+    loss and their regulariser are in :mod:`nalu_cuda.regularizers_power`.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, eps: float = DEFAULT_EPS,
+                 omega: float = reference.DEFAULT_OMEGA, ensemble: Optional[int] = None, backend: str = "auto",
+                 device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, ensemble, backend, device, dtype)
+        self.eps = self._check_eps(eps)
+        if isinstance(omega, bool) or not isinstance(omega, (int, float)) or not math.isfinite(omega):
+            raise ValueError(f"nalu_cuda.INALU: argument 'omega' must be a finite number, got {omega!r}")
+        self.omega = float(omega)
+        self.W_hat = self._param(in_features, out_features)
+        self.M_hat = self._param(in_features, out_features)
+        self.W_hat_m = self._param(in_features, out_features)
+        self.M_hat_m = self._param(in_features, out_features)
+        self.G = self._param(out_features)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: Generators = None) -> None:
+        for idx, gen in self._members(generator):
+            self.W_hat[idx].normal_(1.0, 0.1, generator=gen)
+            self.M_hat[idx].normal_(-1.0, 0.1, generator=gen)
+            self.W_hat_m[idx].normal_(1.0, 0.1, generator=gen)
+            self.M_hat_m[idx].normal_(-1.0, 0.1, generator=gen)
+            self.G[idx].normal_(0.0, 0.1, generator=gen)
+
+    def project_(self) -> None:
+        """No projection: iNALU's parameters are unconstrained (the method exists for uniformity)."""
+
+    @property
+    def W(self) -> Tensor:
+        """The effective weights of the additive path, ``tanh(W_hat) * sigmoid(M_hat)``."""
+        return reference.nac_weight(self.W_hat, self.M_hat)
+
+    @property
+    def W_m(self) -> Tensor:
+        """The effective weights of the multiplicative path, ``tanh(W_hat_m) * sigmoid(M_hat_m)``."""
+        return reference.nac_weight(self.W_hat_m, self.M_hat_m)
+
+    def forward(self, x: Tensor) -> Tensor:
+        fn = functional.inalu if self.use_fused(x) else reference.inalu
+        return fn(x, self.W_hat, self.M_hat, self.W_hat_m, self.M_hat_m, self.G, self.eps, self.omega)
+
+    def extra_repr(self) -> str:
+        return f"{self._base_repr()}, eps={self.eps}, omega={self.omega}, backend={self.backend!r}"

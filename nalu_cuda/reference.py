@@ -22,12 +22,14 @@ Conventions
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
-__all__ = ["DEFAULT_EPS", "nac_weight", "log_abs", "nac", "nac_mul", "nalu", "nalu_parts", "NaluParts", "GATES"]
+__all__ = ["DEFAULT_EPS", "DEFAULT_OMEGA", "nac_weight", "log_abs", "nac", "nac_mul", "nalu", "nalu_parts", "NaluParts",
+           "GATES", "npu", "real_npu", "inalu"]
 
 DEFAULT_EPS = 1e-7
 GATES = ("input", "independent")
@@ -142,3 +144,72 @@ def nalu(
     ``gate="independent"``.
     """
     return nalu_parts(x, W_hat, M_hat, G, W_hat_m, M_hat_m, eps, gate, G_bias)[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Units beyond the paper: the power units (NPU, RealNPU) and iNALU. Formulas as the published
+# numbers were produced (the authors' code); see also csrc/power_math.h.
+# ------------------------------------------------------------------------------------------------
+
+DEFAULT_OMEGA = 20.0
+
+
+def _per_member(t: Tensor, x: Tensor, ensemble: bool) -> Tensor:
+    """A per-member vector ``(E, K)`` as ``(E, 1, ..., 1, K)`` against ``x`` of shape ``(E, ..., *)``."""
+    if not ensemble:
+        return t
+    return t.reshape(t.shape[0], *([1] * (x.dim() - 2)), t.shape[-1])
+
+
+def npu(x: Tensor, W_r: Tensor, W_i: Optional[Tensor], g: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
+    """Neural Power Unit (Heim et al., 2020): the real part of a complex power of the inputs.
+
+    ``r = g (|x| + eps) + (1 - g)``, ``k = g pi [x < 0]`` with the relevance gate ``g`` (shape
+    ``(in,)``, ``(E, in)`` for an ensemble) clamped to [0, 1];
+    ``y = exp(log(r) W_r - k W_i) cos(k W_r + log(r) W_i)``. ``W_i=None`` is the RealNPU
+    (``W_i = 0``): ``y = exp(log(r) W_r) cos(k W_r)``. A gate of 0 ignores its input (r = 1, k = 0).
+    """
+    gc = _per_member(g.clamp(0, 1), x, W_r.dim() == 3)
+    r = gc * (x.abs() + eps) + (1 - gc)
+    k = gc * math.pi * (x < 0).to(x.dtype)
+    lr = torch.log(r)
+    if W_i is None:
+        return torch.exp(_matmul(lr, W_r)) * torch.cos(_matmul(k, W_r))
+    U = _matmul(lr, W_r) - _matmul(k, W_i)
+    V = _matmul(k, W_r) + _matmul(lr, W_i)
+    return torch.exp(U) * torch.cos(V)
+
+
+def real_npu(x: Tensor, W_r: Tensor, g: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
+    """RealNPU: :func:`npu` with ``W_i = 0``, ``y = exp(log(r) W_r) cos(k W_r)``."""
+    return npu(x, W_r, None, g, eps)
+
+
+def inalu(
+    x: Tensor,
+    W_hat: Tensor,
+    M_hat: Tensor,
+    W_hat_m: Tensor,
+    M_hat_m: Tensor,
+    G: Tensor,
+    eps: float = DEFAULT_EPS,
+    omega: float = DEFAULT_OMEGA,
+) -> Tensor:
+    """iNALU (Schlör et al., 2020): ``y = g a + (1 - g) m clip(msv, -1, 1)``.
+
+    Separate weights ``W = tanh(W_hat) sigmoid(M_hat)`` and ``W_m`` likewise from ``W_hat_m``,
+    ``M_hat_m``; ``a = x W``; ``m = exp(min(log(max(|x|, eps)) W_m, omega))`` (eps a floor, not
+    added, and the exponent clipped at omega); the sign ``msv = prod_i (sign(x_i) |W_m[i]| + 1 -
+    |W_m[i]|)``, the NMU-like product that gives ``m`` the sign of the inputs it uses; the
+    input-independent gate ``g = sigmoid(G)``, ``G`` of shape ``(out,)`` (``(E, out)``).
+    """
+    W = nac_weight(W_hat, M_hat)
+    W_m = nac_weight(W_hat_m, M_hat_m)
+    a = _matmul(x, W)
+    m = torch.exp(_matmul(torch.log(x.abs().clamp_min(eps)), W_m).clamp(max=omega))
+    W_abs = W_m.abs()
+    if W_m.dim() == 3:  # (E, I, O) -> (E, 1, ..., 1, I, O) against x (E, ..., I, 1)
+        W_abs = W_abs.reshape(W_abs.shape[0], *([1] * (x.dim() - 2)), *W_abs.shape[1:])
+    msv = (torch.sign(x).unsqueeze(-1) * W_abs + 1 - W_abs).prod(dim=-2)
+    g = _per_member(torch.sigmoid(G), x, W_hat.dim() == 3)
+    return g * a + (1 - g) * (m * msv.clamp(-1, 1))
