@@ -313,6 +313,9 @@ def train_ensemble(
 
 @dataclass
 class SequenceTrainResult:
+    """What :func:`train_sequence_ensemble` returns: the best-state keeper (best losses and steps
+    per member), divergence flags, learning curves."""
+
     best: BestState
     diverged: Tensor                      # (E,) bool
     curves: Dict[str, Any] = field(default_factory=dict)
@@ -320,11 +323,12 @@ class SequenceTrainResult:
     wall_s: float = 0.0
 
 
-def train_sequence_ensemble(*, ctx: Context, model: nn.Module, opt: EnsembleAdam, ensemble: int, steps: int, eval_every: int,
-                   train_step: Callable[[int], Tensor], validate: Callable[[], Tensor],
-                   on_eval: Optional[Callable[[int], Dict[str, List[float]]]] = None,
-                   generators: Optional[Dict[str, torch.Generator]] = None, desc: str = "train") -> SequenceTrainResult:
-    """Train ``model`` for ``steps`` steps.
+def train_sequence_ensemble(*, ctx: Context, model: nn.Module, opt: EnsembleAdam, ensemble: int, steps: int,
+                            eval_every: int, train_step: Callable[[int], Tensor], validate: Callable[[], Tensor],
+                            on_eval: Optional[Callable[[int], Dict[str, List[float]]]] = None,
+                            generators: Optional[Dict[str, torch.Generator]] = None,
+                            desc: str = "train") -> SequenceTrainResult:
+    """Train ``model`` for ``steps`` steps (the sequence tasks' loop).
 
     ``train_step(step)`` returns the per-member training losses ``(E,)`` (it must not call backward);
     the loop sums them, back-propagates and steps ``opt``. Every ``eval_every`` steps and at the end,
