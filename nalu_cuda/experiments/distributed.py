@@ -241,12 +241,18 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
 
         # Gather: wait for the slowest shard, then every result to rank 0.
         t_wait = time.perf_counter()
-        dist.barrier()
-        t_gather = time.perf_counter()
-        shard_info = {"rank": ranks.rank, "host": socket.gethostname(), "device": my_device, "configs": len(mine),
-                      "work_s": work_s, "wait_s": t_gather - t_wait, "failure": failure}
-        gathered: Optional[List[Any]] = [None] * ranks.world_size if ranks.rank == 0 else None
-        dist.gather_object((shard_info, texts), gathered, dst=0)
+        try:
+            dist.barrier()
+            t_gather = time.perf_counter()
+            shard_info = {"rank": ranks.rank, "host": socket.gethostname(), "device": my_device,
+                          "configs": len(mine), "work_s": work_s, "wait_s": t_gather - t_wait, "failure": failure}
+            gathered: Optional[List[Any]] = [None] * ranks.world_size if ranks.rank == 0 else None
+            dist.gather_object((shard_info, texts), gathered, dst=0)
+        except (RuntimeError, dist.DistError) as exc:  # a rank died: what this one finished is on its disk
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RunError(f"rank {ranks.rank} lost the process group while gathering ({why}): another rank "
+                           f"died. Its finished configurations ({len(texts)} of this rank's {len(mine)}) are kept "
+                           f"in {out_dir}; rerun with --resume, with any number of ranks") from None
         gather_s = time.perf_counter() - t_gather
         failures = None
         results: List[ConfigResult] = []
