@@ -12,7 +12,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from nalu_cuda import cli
-from nalu_cuda.experiments import distributed
+from nalu_cuda.experiments import distributed, outdir
 from nalu_cuda.experiments.outdir import OutputDir, RunError
 from nalu_cuda.experiments.registry import Config
 
@@ -62,12 +62,17 @@ def test_rank_device_and_restart(monkeypatch):
     assert distributed.restart_count() == 2
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert not distributed.launched()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    for k in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(k, "0")
+    assert distributed.launched()  # torchrun --nproc-per-node 1: a group of one
 
 
 # -- the lock with many ranks ----------------------------------------------------------------------
 
 
-def test_ranks_of_one_run_join_the_lock_and_another_run_is_refused(tmp_path):
+def test_ranks_of_one_run_join_the_lock_and_another_run_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(outdir, "JOIN_PATIENCE_S", 0.1)
     out = str(tmp_path / "out")
     with OutputDir(out, run_id="run-a"):
         rank1 = OutputDir(out, run_id="run-a", join=True).open()

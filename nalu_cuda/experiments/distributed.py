@@ -7,8 +7,8 @@ Launch (any experiment command, or ``reproduce``)::
 
 How a run goes (every step is collective; a problem on any rank stops every rank with one message):
 
-1. The process group: gloo when ``--device cpu``, NCCL when ``--device cuda`` (rank ``r`` then runs on
-   ``cuda:LOCAL_RANK``). The collectives only move pickled results, so their timeout is long
+1. The process group: gloo when ``--device cpu``, NCCL when ``--device cuda`` (each rank then runs on
+   ``cuda:LOCAL_RANK``; ranks that must share a GPU, more of them than the node has, use gloo). The collectives only move pickled results, so their timeout is long
    (:data:`TIMEOUT`): ranks wait for the slowest shard, and ``torchrun`` stops the others when one dies.
 2. The output directory: rank 0 locks ``--out`` (:class:`~.outdir.OutputDir`), then the first rank of
    every other node, then the rest. A rank whose ``--out`` is the directory rank 0 (or an earlier rank of
@@ -31,7 +31,10 @@ How a run goes (every step is collective; a problem on any rank stops every rank
    spent working, waiting for the others and gathering.
 
 Faults: a rank that dies loses only the configuration it was running (its finished ones are on its
-disk, and that one's checkpoint too); rerun with ``--resume``, with any number of ranks. Under
+disk, and that one's checkpoint too). ``torchrun`` then stops the other ranks, which lose the same at
+most; under a launcher that does not, they finish their shards, rank 0 writes the outputs of what
+finished, and every rank exits with a :class:`RunError`. Rerun with ``--resume``, with any number of
+ranks. Under
 ``torchrun --max-restarts N`` a restarted group (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes: it
 runs as if ``--resume`` were given (and never ``--overwrite``s what the first attempt finished).
 """
@@ -75,9 +78,9 @@ class Ranks:
 
 
 def launched() -> bool:
-    """Whether this process is one of several ranks started by ``torchrun`` (or another launcher that
-    sets ``WORLD_SIZE``, ``RANK`` and ``MASTER_ADDR``/``MASTER_PORT``)."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """Whether this process is a rank started by ``torchrun`` (or another launcher that sets
+    ``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``), even the only one."""
+    return all(k in os.environ for k in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def restart_count() -> int:
@@ -97,9 +100,12 @@ def init(device: str) -> Ranks:
     """Join the process group the launcher describes (``env://``); gloo for a CPU device, NCCL for CUDA."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = torch.device(rank_device(device, local_rank))
-    backend = "nccl" if dev.type == "cuda" else "gloo"
+    # NCCL needs a GPU of its own per rank; ranks that share one (more ranks than GPUs on a node) use
+    # gloo, which carries the pickled results as well.
+    own_gpu = dev.type == "cuda" and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= torch.cuda.device_count()
+    backend = "nccl" if own_gpu else "gloo"
     if not dist.is_initialized():
-        if dev.type == "cuda":
+        if own_gpu:
             torch.cuda.set_device(dev)
             dist.init_process_group(backend, timeout=TIMEOUT, device_id=dev)
         else:

@@ -198,10 +198,14 @@ class OutputDir:
         self.record([name])
 
 
-def _holder_info(fd: int, wait_for: Optional[str] = None, patience_s: float = 5.0) -> dict:
+# How long a rank waits for the holder of a lock to write its run's name (it locked the file this instant).
+JOIN_PATIENCE_S = 5.0
+
+
+def _holder_info(fd: int, wait_for: Optional[str] = None) -> dict:
     """The lock file's record of its holder (``{}`` when unreadable). ``wait_for``: a run name that may
-    not be written yet (its holder locked the file this instant): reread for up to ``patience_s``."""
-    deadline = time.monotonic() + patience_s
+    not be written yet: reread for up to :data:`JOIN_PATIENCE_S`."""
+    deadline = time.monotonic() + JOIN_PATIENCE_S
     while True:
         try:
             info = json.loads(os.pread(fd, 4096, 0).decode())
