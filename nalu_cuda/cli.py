@@ -250,8 +250,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         meta["profile"] = args.profile
     resume, overwrite = args.resume, args.overwrite
     if distributed.restart_count() > 0:  # torchrun --max-restarts: continue what the failed attempt finished
-        print(f"nalu-cuda: restart {distributed.restart_count()} of this torchrun group: continuing as with "
-              "--resume", file=sys.stderr)
+        sys.stderr.write(f"nalu-cuda: restart {distributed.restart_count()} of this torchrun group: continuing as "
+                         "with --resume\n")
         resume, overwrite = True, False
     run_kw = dict(device=args.device, resume=resume, overwrite=overwrite, progress=not args.no_progress, meta=meta,
                   checkpoint_every_s=args.checkpoint_every)

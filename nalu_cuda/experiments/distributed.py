@@ -44,6 +44,7 @@ import datetime as _dt
 import json
 import os
 import socket
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -200,7 +201,12 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ValueError(f"configuration names repeat: {sorted(dup)}")
-    rank_log = (lambda msg: log(f"[rank {ranks.rank}] {msg}")) if ranks.world_size > 1 else log
+    if ranks.world_size > 1:  # one write per line: the ranks share a terminal
+        def rank_log(msg: str) -> None:
+            sys.stderr.write(f"[rank {ranks.rank}] {msg}\n")
+            sys.stderr.flush()
+    else:
+        rank_log = log
     my_device = rank_device(device, ranks.local_rank)
     od = _lock(out_dir, overwrite, ranks)
     try:
