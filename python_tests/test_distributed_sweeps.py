@@ -1,7 +1,9 @@
 """Sharded sweeps (nalu_cuda.experiments.distributed): the plan, the shared output-directory lock, and
 two 2-rank gloo groups on localhost: a sharded static sweep writes the numbers of the single-process
-sweep, and a rank killed mid-sweep loses only its unfinished configuration (``--resume`` with one
-process completes the sweep and keeps every finished result)."""
+sweep (the ranks with separate output directories, as on machines without a shared file system),
+and a rank killed mid-sweep loses only its unfinished configuration (``--resume`` with one process
+completes the sweep and keeps every finished result). Each group costs two interpreter starts and
+imports of torch (10-60 s on a busy 2-core machine), hence only two."""
 import json
 import os
 import signal
@@ -90,11 +92,15 @@ def test_ranks_of_one_run_join_the_lock_and_another_run_is_refused(tmp_path, mon
 # -- 2-rank groups -----------------------------------------------------------------------------------
 
 
-def _worker(rank, port, argv, die_at):
+def _worker(rank, port, argv, die_at, machines):
     """One rank of a torchrun-like launch running the CLI; ``die_at``: rank 1 is killed (SIGKILL) when it
-    starts its ``die_at``-th configuration."""
+    starts its ``die_at``-th configuration; ``machines``: each rank runs in ``machines/rank<r>`` (a relative
+    --out then stands for ranks on machines that share no file system)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1")
+    if machines is not None:
+        os.makedirs(os.path.join(machines, f"rank{rank}"))
+        os.chdir(os.path.join(machines, f"rank{rank}"))
     if die_at is not None and rank == 1:
         from nalu_cuda.experiments import runner
 
@@ -110,9 +116,9 @@ def _worker(rank, port, argv, die_at):
     raise SystemExit(cli.main(argv))
 
 
-def _launch(argv, die_at=None):
+def _launch(argv, die_at=None, machines=None):
     """The exit codes of the ranks."""
-    ctx = mp.start_processes(_worker, args=(_free_port(), argv, die_at), nprocs=WORLD, join=False,
+    ctx = mp.start_processes(_worker, args=(_free_port(), argv, die_at, machines), nprocs=WORLD, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
     for p in ctx.processes:
@@ -134,8 +140,15 @@ def _numbers(out):
 
 
 def test_sharded_sweep_equals_single_process(tmp_path):
-    sharded, single = str(tmp_path / "sharded"), str(tmp_path / "single")
-    assert _launch(SWEEP + ["--out", sharded]) == [0, 0]
+    """Ranks without a shared file system: rank 1 keeps its results in its own --out, rank 0 gets
+    them through the process group."""
+    machines = str(tmp_path / "machines")
+    assert _launch(SWEEP + ["--out", "sweep"], machines=machines) == [0, 0]
+    sharded, single = os.path.join(machines, "rank0", "sweep"), str(tmp_path / "single")
+    rank1 = os.path.join(machines, "rank1", "sweep")
+    assert len(os.listdir(os.path.join(rank1, "runs", "static"))) == 2
+    assert not os.path.exists(os.path.join(rank1, "summary.json"))
+    assert len(os.listdir(os.path.join(sharded, "runs", "static"))) == 4
     assert cli.main(SWEEP + ["--out", single]) == 0
     meta, records, csv_text = _numbers(sharded)
     meta1, records1, csv_text1 = _numbers(single)
