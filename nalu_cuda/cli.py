@@ -218,6 +218,9 @@ def _configs(args: argparse.Namespace):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from .experiments import distributed
+
+    distributed.select_local_gpu()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args._experiment == "__list__":
@@ -240,8 +243,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.resume and args.overwrite:
         parser.exit(2, "nalu-cuda: error: --resume and --overwrite contradict each other\n")
     import torch
-
-    from .experiments import distributed
 
     torch.set_num_threads(args.threads or 1)
     out = args.out if args.out is not None else os.path.join("nalu-results", args.command)

@@ -56,7 +56,7 @@ import torch.distributed as dist
 from .outdir import OutputDir, RunError
 from .registry import Config, ConfigResult
 
-__all__ = ["Ranks", "launched", "restart_count", "init", "rank_device", "estimated_cost", "plan", "run_sharded",
+__all__ = ["Ranks", "launched", "restart_count", "select_local_gpu", "init", "rank_device", "estimated_cost", "plan", "run_sharded",
            "TIMEOUT", "COST_FACTORS"]
 
 # The collectives carry results, not gradients: a rank waits at the gather for the slowest shard.
@@ -95,6 +95,13 @@ def rank_device(device: str, local_rank: int) -> str:
     if device == "cuda" and torch.cuda.is_available():
         return f"cuda:{local_rank % torch.cuda.device_count()}"
     return device
+
+
+def select_local_gpu() -> None:
+    """Under a launcher, make ``cuda`` mean this rank's GPU from the start (``--device`` is probed on it
+    while the arguments are parsed, before :func:`init`), so no rank touches another rank's GPU."""
+    if launched() and torch.cuda.is_available():
+        torch.cuda.set_device(rank_device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
 
 
 def init(device: str) -> Ranks:
