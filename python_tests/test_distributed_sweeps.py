@@ -167,6 +167,8 @@ def test_killed_rank_then_resume_loses_nothing_finished(tmp_path):
     finished = {n: open(os.path.join(runs, n, "result.json")).read() for n in sorted(os.listdir(runs))
                 if os.path.exists(os.path.join(runs, n, "result.json"))}
     assert len(finished) == 3  # rank 0's two, rank 1's first
+    _, records, _ = _numbers(out)  # rank 0 summarised what finished before it stopped
+    assert len(records) == 3
     with pytest.raises(SystemExit):  # without --resume the finished results are refused, not replaced
         cli.main(SWEEP + ["--out", out])
     assert cli.main(SWEEP + ["--out", out, "--resume"]) == 0  # one process now

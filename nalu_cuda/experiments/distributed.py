@@ -183,6 +183,11 @@ def _lock(out_dir: str, overwrite: bool, ranks: Ranks) -> OutputDir:
     return od
 
 
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 def _local_status(configs: Sequence[Config], out_dir: str) -> Tuple[List[bool], List[bool]]:
     """Per configuration: a valid result of it in ``out_dir``; a checkpoint of it there."""
     from .runner import _load_result, checkpoint_path, result_path
@@ -251,8 +256,7 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
                 rank_log(f"error: {failure}")
                 break
             rank_log(f"[{n + 1}/{len(mine)}] {cfg.key}: done in {r.wall_s:.0f} s; " + runner._headline(r))
-            with open(runner.result_path(out_dir, cfg)) as f:
-                texts[cfg.key] = f.read()
+            texts[cfg.key] = _read(runner.result_path(out_dir, cfg))
             if ranks.rank == 0 and time.perf_counter() - last_report >= report_every_s:
                 runner.write_outputs(out_dir, meta=meta, order=names, report=False, outdir=od)
                 last_report = time.perf_counter()
@@ -269,6 +273,8 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
             dist.gather_object((shard_info, texts), gathered, dst=0)
         except (RuntimeError, dist.DistError) as exc:  # a rank died: what this one finished is on its disk
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if ranks.rank == 0:  # summary.json and the CSVs of every result in its --out
+                runner.write_outputs(out_dir, meta=meta, order=names, report=False, outdir=od)
             raise RunError(f"rank {ranks.rank} lost the process group while gathering ({why}): another rank "
                            f"died. Its finished configurations ({len(texts)} of this rank's {len(mine)}) are kept "
                            f"in {out_dir}; rerun with --resume, with any number of ranks") from None
@@ -281,7 +287,7 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
                 for key, text in their_texts.items():
                     cfg = configs[names.index(key)]
                     rp = runner.result_path(out_dir, cfg)
-                    if not os.path.exists(rp) or open(rp).read() != text:  # a rank with its own file system
+                    if not os.path.exists(rp) or _read(rp) != text:  # a rank with its own file system
                         runner.atomic_write_text(rp, text)
             infos = [info for info, _ in gathered]
             failures = [f"rank {info['rank']}: {info['failure']}" for info in infos if info["failure"]]
