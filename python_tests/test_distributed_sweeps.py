@@ -176,3 +176,17 @@ def test_killed_rank_then_resume_loses_nothing_finished(tmp_path):
         assert open(os.path.join(runs, n, "result.json")).read() == text  # kept, not recomputed
     _, records, _ = _numbers(out)
     assert len(records) == 4 and all(r["n_records"] == 2 for r in records)
+
+
+def test_elastic_restart_continues_as_resume(tmp_path, monkeypatch):
+    """A group that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0) keeps what the first attempt
+    finished, even when the command says --overwrite."""
+    out = str(tmp_path / "out")
+    argv = ["static", "--model", "linear", "--op", "add", "--seeds", "1", "--steps", "5", "--eval-every", "5",
+            "--n-test", "32", "--no-progress", "--out", out]
+    assert cli.main(argv) == 0
+    rp = os.path.join(out, "runs", "static", "linear-add-1_2-to-2_6", "result.json")
+    first = open(rp).read()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert cli.main(argv + ["--overwrite"]) == 0
+    assert open(rp).read() == first
