@@ -8,6 +8,7 @@ One subcommand per registered experiment (:mod:`nalu_cuda.experiments`), plus ``
     nalu-cuda recurrent --model nac lstm --op add --out runs/rec
     nalu-cuda reproduce --profile quick --out runs/quick
     nalu-cuda reproduce --profile quick --out runs/quick --resume     # after an interruption
+    torchrun --nproc-per-node 4 -m nalu_cuda reproduce --out runs/quick   # configurations split over 4 ranks
 
 Exit codes: 0 success; 2 bad arguments (refused before any work, naming the option, the value and
 what is allowed), result/checkpoint files that cannot be used as asked, or an output directory that
@@ -217,6 +218,9 @@ def _configs(args: argparse.Namespace):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from .experiments import distributed
+
+    distributed.select_local_gpu()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args._experiment == "__list__":
@@ -245,20 +249,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     meta = {"command": "nalu-cuda " + " ".join(shlex.quote(a) for a in argv), "device": args.device}
     if args.command == "reproduce":
         meta["profile"] = args.profile
+    resume, overwrite = args.resume, args.overwrite
+    if distributed.restart_count() > 0:  # torchrun --max-restarts: continue what the failed attempt finished
+        sys.stderr.write(f"nalu-cuda: restart {distributed.restart_count()} of this torchrun group: continuing as "
+                         "with --resume\n")
+        resume, overwrite = True, False
+    run_kw = dict(device=args.device, resume=resume, overwrite=overwrite, progress=not args.no_progress, meta=meta,
+                  checkpoint_every_s=args.checkpoint_every)
     t0 = time.perf_counter()
+    ranks = distributed.init(args.device) if distributed.launched() else None
+    talk = ranks is None or ranks.rank == 0  # one message per run, not one per rank
     try:
-        run_configs(configs, out, device=args.device, resume=args.resume, overwrite=args.overwrite,
-                    progress=not args.no_progress, meta=meta, checkpoint_every_s=args.checkpoint_every)
-    except RunError as exc:
-        parser.exit(2, f"nalu-cuda: error: {exc}\n")
-    except ValueError as exc:
-        parser.exit(2, f"nalu-cuda: error: {exc}\n")
+        if ranks is None:
+            run_configs(configs, out, **run_kw)
+        else:
+            from .experiments.runner import _log_default
+
+            distributed.run_sharded(configs, out, ranks, log=_log_default, report_every_s=60.0, **run_kw)
+    except (RunError, ValueError) as exc:
+        parser.exit(2, f"nalu-cuda: error: {exc}\n" if talk else None)
     except KeyboardInterrupt:
-        print(f"\nnalu-cuda: interrupted; finished configurations are kept in {out}; continue with the same "
-              "command plus --resume", file=sys.stderr)
+        if talk:
+            print(f"\nnalu-cuda: interrupted; finished configurations are kept in {out}; continue with the same "
+                  "command plus --resume", file=sys.stderr)
         return 130
-    print(f"nalu-cuda: done in {time.perf_counter() - t0:.0f} s; report: {os.path.join(out, 'report.md')}",
-          file=sys.stderr)
+    finally:
+        if ranks is not None:
+            torch.distributed.destroy_process_group()
+    if talk:
+        print(f"nalu-cuda: done in {time.perf_counter() - t0:.0f} s; report: {os.path.join(out, 'report.md')}",
+              file=sys.stderr)
     return 0
 
 

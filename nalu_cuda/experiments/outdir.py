@@ -3,7 +3,8 @@
 * Lock: ``DIR/.nalu-cuda.lock`` is held with ``fcntl.flock`` for the whole run. The kernel releases
   a flock when its holder exits in any way (SIGKILL included), so a lock file left behind by a dead
   process never blocks a later run. The file holds the holder's pid, host and start time, which a
-  refused second run prints.
+  refused second run prints, and the name of its run: the other ranks of a sharded run
+  (:mod:`nalu_cuda.experiments.distributed`) *join* the lock their rank 0 holds on a shared ``DIR``.
 * Manifest: ``DIR/.nalu-cuda-manifest.json`` lists the top-level files nalu-cuda wrote; it also
   marks ``DIR`` as a nalu-cuda output directory. A non-empty directory without it is refused
   (unless it holds only what an older nalu-cuda wrote: its ``runs/`` or its ``summary.json``), and
@@ -20,6 +21,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 from typing import Any, Callable, List, Optional, Set
 
 __all__ = ["RunError", "OutputDir", "atomic_write", "LOCK_NAME", "MANIFEST_NAME"]
@@ -65,11 +67,18 @@ class OutputDir:
     """``DIR`` of one run, locked from :meth:`open` (or ``with``) to :meth:`close`.
 
     ``overwrite``: files nalu-cuda did not write may be replaced (the user said ``--overwrite``).
+    ``run_id``: the name of the run, written into the lock file. ``join``: when ``DIR`` is locked by a
+    holder with the same ``run_id`` (another rank of this run), open without the lock; :attr:`joined`
+    says so, and such an instance writes nothing at the top of ``DIR`` (the holder does).
     """
 
-    def __init__(self, path: str, *, overwrite: bool = False) -> None:
+    def __init__(self, path: str, *, overwrite: bool = False, run_id: Optional[str] = None,
+                 join: bool = False) -> None:
         self.path = path
         self.overwrite = overwrite
+        self.run_id = run_id
+        self.join = join
+        self.joined = False
         self._fd: Optional[int] = None
         self._files: Set[str] = set()
 
@@ -90,6 +99,10 @@ class OutputDir:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            if self.join and self.run_id is not None and _holder_info(fd, wait_for=self.run_id).get("run") == self.run_id:
+                os.close(fd)
+                self.joined = True
+                return self
             holder = _read_holder(fd)
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
@@ -99,7 +112,7 @@ class OutputDir:
                            "directory on a local file system") from None
         try:
             os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+            os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "run": self.run_id,
                                       "started": _dt.datetime.now().isoformat(timespec="seconds")}).encode(), 0)
             self._fd = fd
             self._load_manifest()
@@ -185,9 +198,28 @@ class OutputDir:
         self.record([name])
 
 
+# How long a rank waits for the holder of a lock to write its run's name (it locked the file this instant).
+JOIN_PATIENCE_S = 5.0
+
+
+def _holder_info(fd: int, wait_for: Optional[str] = None) -> dict:
+    """The lock file's record of its holder (``{}`` when unreadable). ``wait_for``: a run name that may
+    not be written yet: reread for up to :data:`JOIN_PATIENCE_S`."""
+    deadline = time.monotonic() + JOIN_PATIENCE_S
+    while True:
+        try:
+            info = json.loads(os.pread(fd, 4096, 0).decode())
+            info = info if isinstance(info, dict) else {}
+        except ValueError:
+            info = {}
+        if wait_for is None or info.get("run") == wait_for or time.monotonic() > deadline:
+            return info
+        time.sleep(0.05)
+
+
 def _read_holder(fd: int) -> str:
     try:
-        info = json.loads(os.pread(fd, 4096, 0).decode())
+        info = _holder_info(fd)
         return f"pid {info['pid']} on host {info['host']}, started {info['started']}"
     except Exception:  # written by the holder this instant, or by something else
         return "holder unknown"

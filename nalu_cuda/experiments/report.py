@@ -155,6 +155,10 @@ def build_report(by_exp: Dict[str, List[ConfigResult]], out_dir: str, meta: Dict
     if meta.get("invocation_wall_s") is not None:
         info.append(f"wall time of the command (this invocation, with setup and reports): "
                     f"{_fmt_time(meta['invocation_wall_s'])}")
+    if meta.get("ranks"):
+        shards = meta.get("shards") or []
+        info.append(f"sharded over {meta['ranks']} ranks ({meta.get('backend')}; "
+                    + ", ".join(f"rank {s['rank']}: {s['configs']} configurations on {s['device']}" for s in shards) + ")")
     if meta.get("profile"):
         info.insert(0, f"profile: **{meta['profile']}**")
     lines += ["- " + "\n- ".join(info), ""]

@@ -14,6 +14,10 @@ the configuration in progress, and that one continues from its last checkpoint w
 ``summary.json``, the CSVs and the report are rebuilt from every ``result.json`` in ``DIR`` after
 each configuration and at the end.
 
+Under ``torchrun`` the configurations are split across the ranks and gathered on rank 0
+(:mod:`nalu_cuda.experiments.distributed`); each rank runs its share with :func:`run_one`, and the
+rules below hold per file system.
+
 Rules (each violation is a :class:`RunError` with a message saying what to do), applied to every
 configuration of a run before any of them trains:
 

@@ -1,0 +1,192 @@
+"""Sharded sweeps (nalu_cuda.experiments.distributed): the plan, the shared output-directory lock, and
+two 2-rank gloo groups on localhost: a sharded static sweep writes the numbers of the single-process
+sweep (the ranks with separate output directories, as on machines without a shared file system),
+and a rank killed mid-sweep loses only its unfinished configuration (``--resume`` with one process
+completes the sweep and keeps every finished result). Each group costs two interpreter starts and
+imports of torch (10-60 s on a busy 2-core machine), hence only two."""
+import json
+import os
+import signal
+import socket
+import time
+
+import pytest
+import torch.multiprocessing as mp
+
+from nalu_cuda import cli
+from nalu_cuda.experiments import distributed, outdir
+from nalu_cuda.experiments.outdir import OutputDir, RunError
+from nalu_cuda.experiments.registry import Config
+
+WORLD = 2
+TIMEOUT_S = 300  # two fresh interpreters importing torch on a busy machine
+SWEEP = ["static", "--model", "nac", "nalu", "relu", "linear", "--op", "add", "--seeds", "2", "--steps", "30",
+         "--eval-every", "10", "--n-test", "64", "--no-progress"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- the plan ------------------------------------------------------------------------------------
+
+
+def test_plan_balances_cost_and_is_deterministic():
+    costs = [7.0, 1.0, 5.0, 3.0, 3.0, 1.0]
+    shards = distributed.plan(costs, 2)
+    assert sorted(i for s in shards for i in s) == list(range(len(costs)))
+    loads = [sum(costs[i] for i in s) for s in shards]
+    assert loads == [10.0, 10.0]
+    assert distributed.plan(costs, 2) == shards
+    assert distributed.plan(costs, 1) == [list(range(len(costs)))]
+    assert distributed.plan([1.0], 3) == [[0], [], []]
+
+
+def test_plan_keeps_finished_and_checkpointed_where_they_are():
+    costs = [4.0, 4.0, 4.0, 4.0]
+    shards = distributed.plan(costs, 2, done_at=[[1], [0, 1], [], []], checkpoint_at=[[], [], [1], []])
+    assert 0 in shards[1] and 1 in shards[0]  # finished: kept by the lowest rank holding it
+    assert 2 in shards[1]  # continued where its checkpoint is
+    assert 3 in shards[0]  # the least loaded rank
+
+
+def test_estimated_cost():
+    cfg = Config("static", "c", seeds=4, steps=100)
+    assert distributed.estimated_cost(cfg) == 400 * distributed.COST_FACTORS["static"]
+    assert distributed.estimated_cost(Config("digits", "d", 1, 10)) > distributed.estimated_cost(Config("static", "s", 1, 10))
+
+
+def test_rank_device_and_restart(monkeypatch):
+    assert distributed.rank_device("cpu", 3) == "cpu"
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert distributed.restart_count() == 2
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not distributed.launched()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    for k in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(k, "0")
+    assert distributed.launched()  # torchrun --nproc-per-node 1: a group of one
+
+
+# -- the lock with many ranks ----------------------------------------------------------------------
+
+
+def test_ranks_of_one_run_join_the_lock_and_another_run_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(outdir, "JOIN_PATIENCE_S", 0.1)
+    out = str(tmp_path / "out")
+    with OutputDir(out, run_id="run-a"):
+        rank1 = OutputDir(out, run_id="run-a", join=True).open()
+        assert rank1.joined
+        rank1.close()
+        with pytest.raises(RunError, match="in use by another nalu-cuda run"):
+            OutputDir(out, run_id="run-b", join=True).open()
+        with pytest.raises(RunError, match="in use by another nalu-cuda run"):
+            OutputDir(out, run_id="run-a").open()  # only a rank of the run joins
+    alone = OutputDir(out, run_id="run-b", join=True).open()  # the run's first rank on this file system
+    assert not alone.joined
+    alone.close()
+
+
+# -- 2-rank groups -----------------------------------------------------------------------------------
+
+
+def _worker(rank, port, argv, die_at, machines):
+    """One rank of a torchrun-like launch running the CLI; ``die_at``: rank 1 is killed (SIGKILL) when it
+    starts its ``die_at``-th configuration; ``machines``: each rank runs in ``machines/rank<r>`` (a relative
+    --out then stands for ranks on machines that share no file system)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1")
+    if machines is not None:
+        os.makedirs(os.path.join(machines, f"rank{rank}"))
+        os.chdir(os.path.join(machines, f"rank{rank}"))
+    if die_at is not None and rank == 1:
+        from nalu_cuda.experiments import runner
+
+        real, started = runner.run_one, []
+
+        def run_one(cfg, *a, **k):
+            started.append(cfg.key)
+            if len(started) == die_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(cfg, *a, **k)
+
+        runner.run_one = run_one
+    raise SystemExit(cli.main(argv))
+
+
+def _launch(argv, die_at=None, machines=None):
+    """The exit codes of the ranks."""
+    ctx = mp.start_processes(_worker, args=(_free_port(), argv, die_at, machines), nprocs=WORLD, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + TIMEOUT_S
+    for p in ctx.processes:
+        p.join(max(1.0, deadline - time.monotonic()))
+    alive = [p for p in ctx.processes if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, f"the {WORLD}-rank group did not finish in {TIMEOUT_S} s"
+    return [p.exitcode for p in ctx.processes]
+
+
+def _numbers(out):
+    """summary.json's records without wall-clock times, and the per-seed CSV."""
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    records = [{k: v for k, v in r.items() if k != "wall_s"} for r in summary["records"]]
+    with open(os.path.join(out, "per_seed_static.csv")) as f:
+        return summary["meta"], records, f.read()
+
+
+def test_sharded_sweep_equals_single_process(tmp_path):
+    """Ranks without a shared file system: rank 1 keeps its results in its own --out, rank 0 gets
+    them through the process group."""
+    machines = str(tmp_path / "machines")
+    assert _launch(SWEEP + ["--out", "sweep"], machines=machines) == [0, 0]
+    sharded, single = os.path.join(machines, "rank0", "sweep"), str(tmp_path / "single")
+    rank1 = os.path.join(machines, "rank1", "sweep")
+    assert len(os.listdir(os.path.join(rank1, "runs", "static"))) == 2
+    assert not os.path.exists(os.path.join(rank1, "summary.json"))
+    assert len(os.listdir(os.path.join(sharded, "runs", "static"))) == 4
+    assert cli.main(SWEEP + ["--out", single]) == 0
+    meta, records, csv_text = _numbers(sharded)
+    meta1, records1, csv_text1 = _numbers(single)
+    assert len(records) == 4 and records == records1 and csv_text == csv_text1
+    assert meta["ranks"] == WORLD and meta["backend"] == "gloo" and "ranks" not in meta1
+    assert sorted(s["configs"] for s in meta["shards"]) == [2, 2]
+    with open(os.path.join(sharded, "report.md")) as f:
+        assert f"sharded over {WORLD} ranks" in f.read()
+
+
+def test_killed_rank_then_resume_loses_nothing_finished(tmp_path):
+    out = str(tmp_path / "out")
+    codes = _launch(SWEEP + ["--out", out], die_at=2)  # rank 1 dies as it starts its second configuration
+    assert codes[1] == -signal.SIGKILL and codes[0] == 2  # a RunError naming --resume, not a traceback
+    runs = os.path.join(out, "runs", "static")
+    finished = {n: open(os.path.join(runs, n, "result.json")).read() for n in sorted(os.listdir(runs))
+                if os.path.exists(os.path.join(runs, n, "result.json"))}
+    assert len(finished) == 3  # rank 0's two, rank 1's first
+    _, records, _ = _numbers(out)  # rank 0 summarised what finished before it stopped
+    assert len(records) == 3
+    with pytest.raises(SystemExit):  # without --resume the finished results are refused, not replaced
+        cli.main(SWEEP + ["--out", out])
+    assert cli.main(SWEEP + ["--out", out, "--resume"]) == 0  # one process now
+    for n, text in finished.items():
+        assert open(os.path.join(runs, n, "result.json")).read() == text  # kept, not recomputed
+    _, records, _ = _numbers(out)
+    assert len(records) == 4 and all(r["n_records"] == 2 for r in records)
+
+
+def test_elastic_restart_continues_as_resume(tmp_path, monkeypatch):
+    """A group that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0) keeps what the first attempt
+    finished, even when the command says --overwrite."""
+    out = str(tmp_path / "out")
+    argv = ["static", "--model", "linear", "--op", "add", "--seeds", "1", "--steps", "5", "--eval-every", "5",
+            "--n-test", "32", "--no-progress", "--out", out]
+    assert cli.main(argv) == 0
+    rp = os.path.join(out, "runs", "static", "linear-add-1_2-to-2_6", "result.json")
+    first = open(rp).read()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert cli.main(argv + ["--overwrite"]) == 0
+    assert open(rp).read() == first
