@@ -68,7 +68,12 @@ def has_kernel(device_type: str, op: str = "nalu_forward") -> bool:
     if ops is None:
         return False
     key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
-    return key is not None and torch._C._dispatch_has_kernel_for_dispatch_key(f"nalu_cuda::{op}", key)
+    if key is None:
+        return False
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(f"nalu_cuda::{op}", key)
+    except RuntimeError:  # a library built before the op existed: no kernel, not an import error
+        return False
 
 
 # (device type, dtype) pairs with a fused kernel; fixed at import so that lookups are constant
