@@ -61,6 +61,9 @@ def _extension():
         "csrc/nalu_layer.cpp",
         "csrc/autocast.cpp",
         "csrc/autograd.cpp",
+        "csrc/autograd_units.cpp",
+        "csrc/autocast_units.cpp",
+        "csrc/units.cpp",
         "csrc/module.cpp",
     ] + sorted(glob.glob("csrc/cpu/*.cpp"))
     macros = [("NALU_CUDA_VERSION", f'"{VERSION}"')]

@@ -5,14 +5,18 @@ PyTorch, with fused CPU and CUDA kernels registered as torch custom ops.
     >>> layer = nalu_cuda.NALU(100, 2)            # weights (in, out): y = x W
     >>> y = layer(torch.rand(128, 100) + 1)       # (128, 2)
 
-Modules: :class:`NAC`, :class:`NACMul`, :class:`NALU`. Functions: :mod:`nalu_cuda.functional`
+Modules: :class:`NAC`, :class:`NACMul`, :class:`NALU`, and Madsen & Johansen's :class:`NAU`,
+:class:`NMU` (with :func:`project_after_step` and :mod:`nalu_cuda.regularizers`). Functions: :mod:`nalu_cuda.functional`
 (the fused ops) and :mod:`nalu_cuda.reference` (the pure-PyTorch specification).
 """
-from . import _ops, functional, reference
-from .modules import BACKENDS, NAC, NALU, NACMul
+from . import _ops, functional, reference, regularizers
+from .modules import BACKENDS, NAC, NALU, NAU, NMU, NACMul, project_after_step
 
 __version__ = "0.1.0"
-__all__ = ["NAC", "NACMul", "NALU", "BACKENDS", "functional", "reference", "has_extension", "build_info"]
+__all__ = [
+    "NAC", "NACMul", "NALU", "NAU", "NMU", "BACKENDS", "project_after_step", "functional", "reference",
+    "regularizers", "has_extension", "build_info",
+]
 
 
 def has_extension() -> bool:

@@ -18,7 +18,7 @@ from torch import Tensor
 from . import _ops
 from .reference import DEFAULT_EPS, GATES
 
-__all__ = ["nac_weight", "nac", "nac_mul", "nalu"]
+__all__ = ["nac_weight", "nac", "nac_mul", "nalu", "nau", "nmu"]
 
 
 def _ops_or_raise():
@@ -90,3 +90,20 @@ def nalu(
         return fast.nalu(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
     y, _a, _m, _g, _lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
     return y
+
+
+def nau(x: Tensor, W: Tensor) -> Tensor:
+    """NAU: ``y = x clamp(W, -1, 1)``; see :func:`nalu_cuda.reference.nau`."""
+    fast = _fast(x)
+    if fast is not None:
+        return fast.nau(x, W)
+    return _ops_or_raise().nau_forward(x, W)
+
+
+def nmu(x: Tensor, W: Tensor) -> Tensor:
+    """NMU: ``y[..., o] = prod_i (W[i, o] x[..., i] + 1 - W[i, o])``, without materialising the
+    factors; see :func:`nalu_cuda.reference.nmu`."""
+    fast = _fast(x)
+    if fast is not None:
+        return fast.nmu(x, W)
+    return _ops_or_raise().nmu_forward(x, W)

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["DEFAULT_EPS", "nac_weight", "log_abs", "nac", "nac_mul", "nalu", "GATES"]
+__all__ = ["DEFAULT_EPS", "nac_weight", "log_abs", "nac", "nac_mul", "nalu", "GATES", "nau", "nmu"]
 
 DEFAULT_EPS = 1e-7
 GATES = ("input", "independent")
@@ -94,3 +94,28 @@ def nalu(
         if W_hat.dim() == 3:  # (E, O) -> (E, 1, ..., 1, O) against y of shape (E, ..., O)
             g = g.reshape(g.shape[0], *([1] * (x.dim() - 2)), g.shape[-1])
     return g * a + (1 - g) * m
+
+
+# ------------------------------------------------------------------------------------------------
+# Units beyond the paper (Madsen & Johansen, "Neural Arithmetic Units", ICLR 2020). The only
+# parameter is W, (I, O) or (E, I, O), used as given: the published runs keep it in range by a
+# projection after each optimiser step (nalu_cuda.NAU.project_, nalu_cuda.NMU.project_), not here.
+# ------------------------------------------------------------------------------------------------
+
+
+def nau(x: Tensor, W: Tensor) -> Tensor:
+    """NAU (neural addition unit): ``y = x clamp(W, -1, 1)``."""
+    return _matmul(x, torch.clamp(W, -1.0, 1.0))
+
+
+def nmu(x: Tensor, W: Tensor) -> Tensor:
+    """NMU (neural multiplication unit): ``y[..., o] = prod_i (W[i, o] x[..., i] + 1 - W[i, o])``.
+
+    ``W = 0`` makes input i's factor the identity 1, ``W = 1`` makes it ``x_i``; no logarithm, so
+    zero and negative inputs are fine. This specification materialises the ``(..., I, O)`` factors
+    (the fused op does not).
+    """
+    if W.dim() == 3:  # (E, I, O) -> (E, 1, ..., 1, I, O) against x (E, ..., I, 1)
+        W = W.reshape(W.shape[0], *([1] * (x.dim() - 2)), *W.shape[1:])
+    factors = x.unsqueeze(-1) * W + (1 - W)
+    return torch.prod(factors, dim=-2)

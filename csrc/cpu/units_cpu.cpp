@@ -1,0 +1,205 @@
+// units_cpu.cpp: the CPU ops of the NAU and NMU (schemas in csrc/nalu_ops.cpp, math in
+// csrc/product_math.h and csrc/units.h).
+//
+// NAU: clamp and BLAS (units.h, the same ATen code as on the GPU).
+//
+// NMU, fused: y[e, n, o] = prod_i f(W[e, i, o], x[e, n, i]) with f = W x + 1 - W.
+//   forward   one pass over the factors; nothing is saved beyond the inputs (the backward
+//             recomputes the factors, which costs less than storing (E, N, I, O) of them).
+//   backward  grad_x[n, i] = sum_o dy[n, o] W[i, o] E[n, i, o]
+//             grad_W[i, o] = sum_n dy[n, o] (x[n, i] - 1) E[n, i, o]
+//             with E the exclusive products (product_math.h: prefix times suffix, no division,
+//             exact when a factor is zero).
+// Memory: W transposed to (E, O, I) (so every product reads its weights contiguously), and per
+// task O(I R) scratch; no (N, I, O) tensor. The work is split into tasks that each own their
+// outputs: forward and grad_x by blocks of R rows, grad_W by (member, output) summing its rows in
+// order. So every result is the same for any number of threads (no cross-thread reductions).
+// Rows are handled R at a time, transposed into an (I, R) block, so that each step of a product
+// is a vector operation over R independent rows.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "../product_math.h"
+#include "../units.h"
+
+namespace nalu_cuda {
+namespace cpu {
+namespace {
+
+using at::Tensor;
+namespace nm = nalu_cuda::math;
+
+constexpr int kRows = 16;                 // R: rows per block, the width of the vector loops
+constexpr int64_t kMinWorkPerTask = 1 << 15;  // factor evaluations below which a task is not split off
+
+const std::vector<at::ScalarType>& cpu_dtypes() {
+  static const std::vector<at::ScalarType> kTypes{at::kFloat, at::kDouble};
+  return kTypes;
+}
+
+int64_t grain(int64_t work_per_task) { return std::max<int64_t>(1, kMinWorkPerTask / std::max<int64_t>(1, work_per_task)); }
+
+// Rows n0 .. n0 + nr (nr <= R) of x (N, I) into xt (I, R), padding with 0.
+template <typename T>
+void transpose_rows(const T* x, int64_t I, int64_t nr, T* xt) {
+  for (int64_t i = 0; i < I; ++i) {
+    for (int r = 0; r < kRows; ++r) xt[i * kRows + r] = r < nr ? x[r * I + i] : T(0);
+  }
+}
+
+// The (E, N, I) / (E, I, O) / (E, O, I) raw views one NMU call needs.
+struct NmuArgs {
+  Tensor x, Wt;  // contiguous x (E, N, I), W transposed (E, O, I)
+  int64_t E, N, I, O;
+};
+
+NmuArgs nmu_args(const LayerShape& s, const Tensor& x, const Tensor& W) {
+  return {x.contiguous(), W.reshape({s.E, s.I, s.O}).transpose(1, 2).contiguous(), s.E, s.N, s.I, s.O};
+}
+
+template <typename T>
+void nmu_forward_kernel(const NmuArgs& a, T* y) {
+  const int64_t blocks = (a.N + kRows - 1) / kRows;
+  const T* x = a.x.const_data_ptr<T>();
+  const T* Wt = a.Wt.const_data_ptr<T>();
+  at::parallel_for(0, a.E * blocks, grain(kRows * a.I * a.O), [&](int64_t t0, int64_t t1) {
+    std::vector<T> xt(a.I * kRows);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t e = t / blocks, n0 = (t % blocks) * kRows, nr = std::min<int64_t>(kRows, a.N - n0);
+      transpose_rows(x + (e * a.N + n0) * a.I, a.I, nr, xt.data());
+      for (int64_t o = 0; o < a.O; ++o) {
+        const T* w = Wt + (e * a.O + o) * a.I;
+        T acc[kRows];
+        for (int r = 0; r < kRows; ++r) acc[r] = T(1);
+        for (int64_t i = 0; i < a.I; ++i) {
+          const T wi = w[i];
+          const T* xi = xt.data() + i * kRows;
+#pragma omp simd
+          for (int r = 0; r < kRows; ++r) acc[r] = acc[r] * nm::nmu_factor(wi, xi[r]);
+        }
+        for (int64_t r = 0; r < nr; ++r) y[(e * a.N + n0 + r) * a.O + o] = acc[r];
+      }
+    }
+  });
+}
+
+template <typename T>
+void nmu_backward_x_kernel(const NmuArgs& a, const T* dy, T* gx) {
+  const int64_t blocks = (a.N + kRows - 1) / kRows;
+  const T* x = a.x.const_data_ptr<T>();
+  const T* Wt = a.Wt.const_data_ptr<T>();
+  at::parallel_for(0, a.E * blocks, grain(2 * kRows * a.I * a.O), [&](int64_t t0, int64_t t1) {
+    std::vector<T> xt(a.I * kRows), gxt(a.I * kRows), suffix((a.I + 1) * kRows);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t e = t / blocks, n0 = (t % blocks) * kRows, nr = std::min<int64_t>(kRows, a.N - n0);
+      transpose_rows(x + (e * a.N + n0) * a.I, a.I, nr, xt.data());
+      std::fill(gxt.begin(), gxt.end(), T(0));
+      for (int64_t o = 0; o < a.O; ++o) {
+        const T* w = Wt + (e * a.O + o) * a.I;
+        T g[kRows];
+        for (int r = 0; r < kRows; ++r) g[r] = r < nr ? dy[(e * a.N + n0 + r) * a.O + o] : T(0);
+        const T* xb = xt.data();
+        T* gb = gxt.data();
+        nm::exclusive_products<kRows, T>(
+            a.I, suffix.data(), [&](int64_t i, int r) { return nm::nmu_factor(w[i], xb[i * kRows + r]); },
+            [&](int64_t i, const T* excl) {
+              const T d = nm::nmu_dfactor_dx(w[i], T(0));
+#pragma omp simd
+              for (int r = 0; r < kRows; ++r) gb[i * kRows + r] += g[r] * d * excl[r];
+            });
+      }
+      for (int64_t r = 0; r < nr; ++r) {
+        T* out = gx + (e * a.N + n0 + r) * a.I;
+        for (int64_t i = 0; i < a.I; ++i) out[i] = gxt[i * kRows + r];
+      }
+    }
+  });
+}
+
+template <typename T>
+void nmu_backward_w_kernel(const NmuArgs& a, const T* dy, T* gW) {
+  const int64_t blocks = (a.N + kRows - 1) / kRows;
+  const T* x = a.x.const_data_ptr<T>();
+  const T* Wt = a.Wt.const_data_ptr<T>();
+  at::parallel_for(0, a.E * a.O, grain(2 * a.N * a.I), [&](int64_t t0, int64_t t1) {
+    std::vector<T> xt(a.I * kRows), gw(a.I), suffix((a.I + 1) * kRows);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t e = t / a.O, o = t % a.O;
+      const T* w = Wt + (e * a.O + o) * a.I;
+      std::fill(gw.begin(), gw.end(), T(0));
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t n0 = b * kRows, nr = std::min<int64_t>(kRows, a.N - n0);
+        transpose_rows(x + (e * a.N + n0) * a.I, a.I, nr, xt.data());
+        T g[kRows];
+        for (int r = 0; r < kRows; ++r) g[r] = r < nr ? dy[(e * a.N + n0 + r) * a.O + o] : T(0);
+        const T* xb = xt.data();
+        nm::exclusive_products<kRows, T>(
+            a.I, suffix.data(), [&](int64_t i, int r) { return nm::nmu_factor(w[i], xb[i * kRows + r]); },
+            [&](int64_t i, const T* excl) {
+              T sum = T(0);
+              // Only the nr real rows: a padded row's factors need not be finite.
+              for (int64_t r = 0; r < nr; ++r) sum += g[r] * nm::nmu_dfactor_dw(w[i], xb[i * kRows + r]) * excl[r];
+              gw[i] += sum;
+            });
+      }
+      for (int64_t i = 0; i < a.I; ++i) gW[(e * a.I + i) * a.O + o] = gw[i];
+    }
+  });
+}
+
+Tensor nau_forward_cpu(const Tensor& x, const Tensor& W) {
+  const char* op = "nalu_cuda::nau_forward";
+  const LayerShape s = check_unit(op, x, W);
+  check_dtype_supported(op, x, "CPU", cpu_dtypes());
+  return nau_forward_math(s, x, W);
+}
+
+std::tuple<Tensor, Tensor> nau_backward_cpu(const Tensor& grad_y, const Tensor& x, const Tensor& W,
+                                            bool compute_grad_x) {
+  const char* op = "nalu_cuda::nau_backward";
+  const LayerShape s = check_unit_backward(op, grad_y, x, W);
+  check_dtype_supported(op, x, "CPU", cpu_dtypes());
+  return nau_backward_math(s, grad_y, x, W, compute_grad_x);
+}
+
+Tensor nmu_forward_cpu(const Tensor& x, const Tensor& W) {
+  const char* op = "nalu_cuda::nmu_forward";
+  const LayerShape s = check_unit(op, x, W);
+  check_dtype_supported(op, x, "CPU", cpu_dtypes());
+  const NmuArgs a = nmu_args(s, x, W);
+  Tensor y = at::empty(s.out_sizes, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "nmu_forward", [&] { nmu_forward_kernel<scalar_t>(a, y.data_ptr<scalar_t>()); });
+  return y;
+}
+
+std::tuple<Tensor, Tensor> nmu_backward_cpu(const Tensor& grad_y, const Tensor& x, const Tensor& W,
+                                            bool compute_grad_x) {
+  const char* op = "nalu_cuda::nmu_backward";
+  const LayerShape s = check_unit_backward(op, grad_y, x, W);
+  check_dtype_supported(op, x, "CPU", cpu_dtypes());
+  const NmuArgs a = nmu_args(s, x, W);
+  const Tensor dy = grad_y.contiguous();
+  Tensor gW = at::empty(W.sizes(), W.options());
+  Tensor gx = compute_grad_x ? at::empty(x.sizes(), x.options()) : empty_grad(x);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "nmu_backward", [&] {
+    nmu_backward_w_kernel<scalar_t>(a, dy.const_data_ptr<scalar_t>(), gW.data_ptr<scalar_t>());
+    if (compute_grad_x) nmu_backward_x_kernel<scalar_t>(a, dy.const_data_ptr<scalar_t>(), gx.data_ptr<scalar_t>());
+  });
+  return {gx, gW};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(nalu_cuda, CPU, m) {
+  m.impl("nau_forward", &nau_forward_cpu);
+  m.impl("nau_backward", &nau_backward_cpu);
+  m.impl("nmu_forward", &nmu_forward_cpu);
+  m.impl("nmu_backward", &nmu_backward_cpu);
+}
+
+}  // namespace cpu
+}  // namespace nalu_cuda
