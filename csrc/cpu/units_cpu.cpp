@@ -12,8 +12,10 @@
 //             exact when a factor is zero).
 // Memory: W transposed to (E, O, I) (so every product reads its weights contiguously), and per
 // task O(I R) scratch; no (N, I, O) tensor. The work is split into tasks that each own their
-// outputs: forward and grad_x by blocks of R rows, grad_W by (member, output) summing its rows in
-// order. So every result is the same for any number of threads (no cross-thread reductions).
+// outputs: forward by blocks of R rows; the backward of an ensemble by member (one pass serving
+// both gradients), of a single layer or a small ensemble by blocks of rows for grad_x and by
+// (member, output) for grad_W, each summing its rows in order. So every result is the same for any
+// number of threads (no cross-thread reductions), and the same under either backward schedule.
 // Rows are handled R at a time, transposed into an (I, R) block, so that each step of a product
 // is a vector operation over R independent rows.
 #include <ATen/ATen.h>
@@ -35,6 +37,7 @@ namespace nm = nalu_cuda::math;
 
 constexpr int kRows = 16;                 // R: rows per block, the width of the vector loops
 constexpr int64_t kMinWorkPerTask = 1 << 15;  // factor evaluations below which a task is not split off
+constexpr int64_t kMembersForOnePass = 8;     // ensembles of at least this many members: one backward pass
 
 const std::vector<at::ScalarType>& cpu_dtypes() {
   static const std::vector<at::ScalarType> kTypes{at::kFloat, at::kDouble};
@@ -87,64 +90,110 @@ void nmu_forward_kernel(const NmuArgs& a, T* y) {
   });
 }
 
+// One block of R rows of member e against output o: the exclusive products of each row, and
+// their contributions to grad_x (gxt (I, R)) and to grad_W's column o (gw (I,), the sum over the
+// block's nr real rows; a padded row's factors need not be finite), each when not null. Both
+// backward schedules below call this, so they give the same bits.
 template <typename T>
-void nmu_backward_x_kernel(const NmuArgs& a, const T* dy, T* gx) {
+void nmu_backward_block(int64_t I, const T* w, const T* xt, const T* g, int64_t nr, T* suffix, T* gxt, T* gw) {
+  nm::exclusive_products<kRows, T>(
+      I, suffix, [&](int64_t i, int r) { return nm::nmu_factor(w[i], xt[i * kRows + r]); },
+      [&](int64_t i, const T* excl) {
+        if (gxt != nullptr) {
+          const T d = nm::nmu_dfactor_dx(w[i], T(0));
+#pragma omp simd
+          for (int r = 0; r < kRows; ++r) gxt[i * kRows + r] += g[r] * d * excl[r];
+        }
+        if (gw != nullptr) {
+          T sum = T(0);
+#pragma omp simd reduction(+ : sum)
+          for (int r = 0; r < kRows; ++r) {
+            sum += r < nr ? g[r] * nm::nmu_dfactor_dw(w[i], xt[i * kRows + r]) * excl[r] : T(0);
+          }
+          gw[i] += sum;
+        }
+      });
+}
+
+// dy of rows n0 .. n0 + nr for output o, padded with 0 to R.
+template <typename T>
+void load_dy(const NmuArgs& a, const T* dy, int64_t e, int64_t n0, int64_t nr, int64_t o, T* g) {
+  for (int r = 0; r < kRows; ++r) g[r] = r < nr ? dy[(e * a.N + n0 + r) * a.O + o] : T(0);
+}
+
+template <typename T>
+void store_gx(const NmuArgs& a, const T* gxt, int64_t e, int64_t n0, int64_t nr, T* gx) {
+  for (int64_t r = 0; r < nr; ++r) {
+    T* out = gx + (e * a.N + n0 + r) * a.I;
+    for (int64_t i = 0; i < a.I; ++i) out[i] = gxt[i * kRows + r];
+  }
+}
+
+// Backward, one task per ensemble member (used when there are enough members to share out): a
+// member's row blocks in order, each block's exclusive products serving grad_x and grad_W.
+template <typename T>
+void nmu_backward_members(const NmuArgs& a, const T* dy, T* gx, T* gW) {
   const int64_t blocks = (a.N + kRows - 1) / kRows;
   const T* x = a.x.const_data_ptr<T>();
   const T* Wt = a.Wt.const_data_ptr<T>();
-  at::parallel_for(0, a.E * blocks, grain(2 * kRows * a.I * a.O), [&](int64_t t0, int64_t t1) {
-    std::vector<T> xt(a.I * kRows), gxt(a.I * kRows), suffix((a.I + 1) * kRows);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t e = t / blocks, n0 = (t % blocks) * kRows, nr = std::min<int64_t>(kRows, a.N - n0);
-      transpose_rows(x + (e * a.N + n0) * a.I, a.I, nr, xt.data());
-      std::fill(gxt.begin(), gxt.end(), T(0));
-      for (int64_t o = 0; o < a.O; ++o) {
-        const T* w = Wt + (e * a.O + o) * a.I;
-        T g[kRows];
-        for (int r = 0; r < kRows; ++r) g[r] = r < nr ? dy[(e * a.N + n0 + r) * a.O + o] : T(0);
-        const T* xb = xt.data();
-        T* gb = gxt.data();
-        nm::exclusive_products<kRows, T>(
-            a.I, suffix.data(), [&](int64_t i, int r) { return nm::nmu_factor(w[i], xb[i * kRows + r]); },
-            [&](int64_t i, const T* excl) {
-              const T d = nm::nmu_dfactor_dx(w[i], T(0));
-#pragma omp simd
-              for (int r = 0; r < kRows; ++r) gb[i * kRows + r] += g[r] * d * excl[r];
-            });
+  at::parallel_for(0, a.E, grain(2 * a.N * a.I * a.O), [&](int64_t e0, int64_t e1) {
+    std::vector<T> xt(a.I * kRows), gxt(a.I * kRows), gw(a.I * a.O), suffix((a.I + 1) * kRows);
+    for (int64_t e = e0; e < e1; ++e) {
+      std::fill(gw.begin(), gw.end(), T(0));
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t n0 = b * kRows, nr = std::min<int64_t>(kRows, a.N - n0);
+        transpose_rows(x + (e * a.N + n0) * a.I, a.I, nr, xt.data());
+        std::fill(gxt.begin(), gxt.end(), T(0));
+        for (int64_t o = 0; o < a.O; ++o) {
+          T g[kRows];
+          load_dy(a, dy, e, n0, nr, o, g);
+          nmu_backward_block<T>(a.I, Wt + (e * a.O + o) * a.I, xt.data(), g, nr, suffix.data(),
+                                gx != nullptr ? gxt.data() : nullptr, gw.data() + o * a.I);
+        }
+        if (gx != nullptr) store_gx(a, gxt.data(), e, n0, nr, gx);
       }
-      for (int64_t r = 0; r < nr; ++r) {
-        T* out = gx + (e * a.N + n0 + r) * a.I;
-        for (int64_t i = 0; i < a.I; ++i) out[i] = gxt[i * kRows + r];
+      for (int64_t o = 0; o < a.O; ++o) {
+        for (int64_t i = 0; i < a.I; ++i) gW[(e * a.I + i) * a.O + o] = gw[o * a.I + i];
       }
     }
   });
 }
 
+// Backward for few members: grad_x by blocks of rows (all outputs), then grad_W by (member,
+// output) over all rows in order. Every factor is evaluated twice as often as in
+// nmu_backward_members, for the parallelism a single layer with many rows needs.
 template <typename T>
-void nmu_backward_w_kernel(const NmuArgs& a, const T* dy, T* gW) {
+void nmu_backward_split(const NmuArgs& a, const T* dy, T* gx, T* gW) {
   const int64_t blocks = (a.N + kRows - 1) / kRows;
   const T* x = a.x.const_data_ptr<T>();
   const T* Wt = a.Wt.const_data_ptr<T>();
+  if (gx != nullptr) {
+    at::parallel_for(0, a.E * blocks, grain(2 * kRows * a.I * a.O), [&](int64_t t0, int64_t t1) {
+      std::vector<T> xt(a.I * kRows), gxt(a.I * kRows), suffix((a.I + 1) * kRows);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t e = t / blocks, n0 = (t % blocks) * kRows, nr = std::min<int64_t>(kRows, a.N - n0);
+        transpose_rows(x + (e * a.N + n0) * a.I, a.I, nr, xt.data());
+        std::fill(gxt.begin(), gxt.end(), T(0));
+        for (int64_t o = 0; o < a.O; ++o) {
+          T g[kRows];
+          load_dy(a, dy, e, n0, nr, o, g);
+          nmu_backward_block<T>(a.I, Wt + (e * a.O + o) * a.I, xt.data(), g, nr, suffix.data(), gxt.data(), nullptr);
+        }
+        store_gx(a, gxt.data(), e, n0, nr, gx);
+      }
+    });
+  }
   at::parallel_for(0, a.E * a.O, grain(2 * a.N * a.I), [&](int64_t t0, int64_t t1) {
     std::vector<T> xt(a.I * kRows), gw(a.I), suffix((a.I + 1) * kRows);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t e = t / a.O, o = t % a.O;
-      const T* w = Wt + (e * a.O + o) * a.I;
       std::fill(gw.begin(), gw.end(), T(0));
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * kRows, nr = std::min<int64_t>(kRows, a.N - n0);
         transpose_rows(x + (e * a.N + n0) * a.I, a.I, nr, xt.data());
         T g[kRows];
-        for (int r = 0; r < kRows; ++r) g[r] = r < nr ? dy[(e * a.N + n0 + r) * a.O + o] : T(0);
-        const T* xb = xt.data();
-        nm::exclusive_products<kRows, T>(
-            a.I, suffix.data(), [&](int64_t i, int r) { return nm::nmu_factor(w[i], xb[i * kRows + r]); },
-            [&](int64_t i, const T* excl) {
-              T sum = T(0);
-              // Only the nr real rows: a padded row's factors need not be finite.
-              for (int64_t r = 0; r < nr; ++r) sum += g[r] * nm::nmu_dfactor_dw(w[i], xb[i * kRows + r]) * excl[r];
-              gw[i] += sum;
-            });
+        load_dy(a, dy, e, n0, nr, o, g);
+        nmu_backward_block<T>(a.I, Wt + (e * a.O + o) * a.I, xt.data(), g, nr, suffix.data(), nullptr, gw.data());
       }
       for (int64_t i = 0; i < a.I; ++i) gW[(e * a.I + i) * a.O + o] = gw[i];
     }
@@ -186,8 +235,15 @@ std::tuple<Tensor, Tensor> nmu_backward_cpu(const Tensor& grad_y, const Tensor& 
   Tensor gW = at::empty(W.sizes(), W.options());
   Tensor gx = compute_grad_x ? at::empty(x.sizes(), x.options()) : empty_grad(x);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "nmu_backward", [&] {
-    nmu_backward_w_kernel<scalar_t>(a, dy.const_data_ptr<scalar_t>(), gW.data_ptr<scalar_t>());
-    if (compute_grad_x) nmu_backward_x_kernel<scalar_t>(a, dy.const_data_ptr<scalar_t>(), gx.data_ptr<scalar_t>());
+    const scalar_t* dyp = dy.const_data_ptr<scalar_t>();
+    scalar_t* gxp = compute_grad_x ? gx.data_ptr<scalar_t>() : nullptr;
+    // By shape alone (either schedule gives the same bits): a task per member once there are
+    // enough members to keep every core busy.
+    if (s.E >= kMembersForOnePass) {
+      nmu_backward_members<scalar_t>(a, dyp, gxp, gW.data_ptr<scalar_t>());
+    } else {
+      nmu_backward_split<scalar_t>(a, dyp, gxp, gW.data_ptr<scalar_t>());
+    }
   });
   return {gx, gW};
 }
