@@ -132,9 +132,9 @@ def test_compile_fullgraph_nau_nmu_model(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("unit", list(UNITS))
 def test_ensemble_equals_members(unit, device):
-    # E = 9 takes the CPU NMU backward's one-pass schedule (a task per member), a single member the
-    # split one: both must give the same bits.
-    E, N, I, O = 9, 10, 7, 3
+    # E = 8 takes the CPU NMU backward's one-pass schedule (a task per member), a single member of
+    # this size the split one: both must give the same bits.
+    E, N, I, O = 8, 350, 70, 3
     x, W = make_args(unit, E, (2, N), I, O, torch.float64, device)
     fn = UNITS[unit][1]
     y, gx, gW, gy = grads(fn, x, W)
@@ -228,8 +228,8 @@ def test_layouts(unit, arg, layout, device):
 @pytest.mark.parametrize("unit", list(UNITS))
 @pytest.mark.parametrize("E", [3, 9])
 def test_same_result_for_any_thread_count(unit, E):
-    x, W = make_args(unit, E, (70,), 33, 5, torch.float32, "cpu")
-    gy = torch.randn(E, 70, 5)
+    x, W = make_args(unit, E, (700,), 33, 5, torch.float32, "cpu")  # E = 3: the split schedule
+    gy = torch.randn(E, 700, 5)
     before = torch.get_num_threads()
     results = []
     try:

@@ -36,7 +36,7 @@ using at::Tensor;
 namespace nm = nalu_cuda::math;
 
 constexpr int kRows = 16;                 // R: rows per block, the width of the vector loops
-constexpr int64_t kMinWorkPerTask = 1 << 15;  // factor evaluations below which a task is not split off
+constexpr int64_t kMinWorkPerTask = 1 << 17;  // factor evaluations below which a task is not split off
 constexpr int64_t kMembersForOnePass = 8;     // ensembles of at least this many members: one backward pass
 
 const std::vector<at::ScalarType>& cpu_dtypes() {
@@ -91,11 +91,12 @@ void nmu_forward_kernel(const NmuArgs& a, T* y) {
 }
 
 // One block of R rows of member e against output o: the exclusive products of each row, and
-// their contributions to grad_x (gxt (I, R)) and to grad_W's column o (gw (I,), the sum over the
-// block's nr real rows; a padded row's factors need not be finite), each when not null. Both
-// backward schedules below call this, so they give the same bits.
+// their contributions to grad_x (gxt (I, R)) and to grad_W's column o (gwl (I, R): per-lane sums
+// over the blocks, of the nr real rows only, as a padded row's factors need not be finite), each
+// when not null. Both backward schedules below call this and fold gwl the same way
+// (fold_lanes), so they give the same bits.
 template <typename T>
-void nmu_backward_block(int64_t I, const T* w, const T* xt, const T* g, int64_t nr, T* suffix, T* gxt, T* gw) {
+void nmu_backward_block(int64_t I, const T* w, const T* xt, const T* g, int64_t nr, T* suffix, T* gxt, T* gwl) {
   nm::exclusive_products<kRows, T>(
       I, suffix, [&](int64_t i, int r) { return nm::nmu_factor(w[i], xt[i * kRows + r]); },
       [&](int64_t i, const T* excl) {
@@ -104,15 +105,23 @@ void nmu_backward_block(int64_t I, const T* w, const T* xt, const T* g, int64_t 
 #pragma omp simd
           for (int r = 0; r < kRows; ++r) gxt[i * kRows + r] += g[r] * d * excl[r];
         }
-        if (gw != nullptr) {
-          T sum = T(0);
-#pragma omp simd reduction(+ : sum)
+        if (gwl != nullptr) {
+#pragma omp simd
           for (int r = 0; r < kRows; ++r) {
-            sum += r < nr ? g[r] * nm::nmu_dfactor_dw(w[i], xt[i * kRows + r]) * excl[r] : T(0);
+            gwl[i * kRows + r] += r < nr ? g[r] * nm::nmu_dfactor_dw(w[i], xt[i * kRows + r]) * excl[r] : T(0);
           }
-          gw[i] += sum;
         }
       });
+}
+
+// grad_W[e, :, o] = the sum of the lane sums gwl (I, R), lanes in order.
+template <typename T>
+void fold_lanes(const NmuArgs& a, const T* gwl, int64_t e, int64_t o, T* gW) {
+  for (int64_t i = 0; i < a.I; ++i) {
+    T sum = T(0);
+    for (int r = 0; r < kRows; ++r) sum += gwl[i * kRows + r];
+    gW[(e * a.I + i) * a.O + o] = sum;
+  }
 }
 
 // dy of rows n0 .. n0 + nr for output o, padded with 0 to R.
@@ -137,9 +146,9 @@ void nmu_backward_members(const NmuArgs& a, const T* dy, T* gx, T* gW) {
   const T* x = a.x.const_data_ptr<T>();
   const T* Wt = a.Wt.const_data_ptr<T>();
   at::parallel_for(0, a.E, grain(2 * a.N * a.I * a.O), [&](int64_t e0, int64_t e1) {
-    std::vector<T> xt(a.I * kRows), gxt(a.I * kRows), gw(a.I * a.O), suffix((a.I + 1) * kRows);
+    std::vector<T> xt(a.I * kRows), gxt(a.I * kRows), gwl(a.O * a.I * kRows), suffix((a.I + 1) * kRows);
     for (int64_t e = e0; e < e1; ++e) {
-      std::fill(gw.begin(), gw.end(), T(0));
+      std::fill(gwl.begin(), gwl.end(), T(0));
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * kRows, nr = std::min<int64_t>(kRows, a.N - n0);
         transpose_rows(x + (e * a.N + n0) * a.I, a.I, nr, xt.data());
@@ -148,13 +157,11 @@ void nmu_backward_members(const NmuArgs& a, const T* dy, T* gx, T* gW) {
           T g[kRows];
           load_dy(a, dy, e, n0, nr, o, g);
           nmu_backward_block<T>(a.I, Wt + (e * a.O + o) * a.I, xt.data(), g, nr, suffix.data(),
-                                gx != nullptr ? gxt.data() : nullptr, gw.data() + o * a.I);
+                                gx != nullptr ? gxt.data() : nullptr, gwl.data() + o * a.I * kRows);
         }
         if (gx != nullptr) store_gx(a, gxt.data(), e, n0, nr, gx);
       }
-      for (int64_t o = 0; o < a.O; ++o) {
-        for (int64_t i = 0; i < a.I; ++i) gW[(e * a.I + i) * a.O + o] = gw[o * a.I + i];
-      }
+      for (int64_t o = 0; o < a.O; ++o) fold_lanes(a, gwl.data() + o * a.I * kRows, e, o, gW);
     }
   });
 }
@@ -184,18 +191,18 @@ void nmu_backward_split(const NmuArgs& a, const T* dy, T* gx, T* gW) {
     });
   }
   at::parallel_for(0, a.E * a.O, grain(2 * a.N * a.I), [&](int64_t t0, int64_t t1) {
-    std::vector<T> xt(a.I * kRows), gw(a.I), suffix((a.I + 1) * kRows);
+    std::vector<T> xt(a.I * kRows), gwl(a.I * kRows), suffix((a.I + 1) * kRows);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t e = t / a.O, o = t % a.O;
-      std::fill(gw.begin(), gw.end(), T(0));
+      std::fill(gwl.begin(), gwl.end(), T(0));
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t n0 = b * kRows, nr = std::min<int64_t>(kRows, a.N - n0);
         transpose_rows(x + (e * a.N + n0) * a.I, a.I, nr, xt.data());
         T g[kRows];
         load_dy(a, dy, e, n0, nr, o, g);
-        nmu_backward_block<T>(a.I, Wt + (e * a.O + o) * a.I, xt.data(), g, nr, suffix.data(), nullptr, gw.data());
+        nmu_backward_block<T>(a.I, Wt + (e * a.O + o) * a.I, xt.data(), g, nr, suffix.data(), nullptr, gwl.data());
       }
-      for (int64_t i = 0; i < a.I; ++i) gW[(e * a.I + i) * a.O + o] = gw[i];
+      fold_lanes(a, gwl.data(), e, o, gW);
     }
   });
 }
@@ -238,8 +245,8 @@ std::tuple<Tensor, Tensor> nmu_backward_cpu(const Tensor& grad_y, const Tensor& 
     const scalar_t* dyp = dy.const_data_ptr<scalar_t>();
     scalar_t* gxp = compute_grad_x ? gx.data_ptr<scalar_t>() : nullptr;
     // By shape alone (either schedule gives the same bits): a task per member once there are
-    // enough members to keep every core busy.
-    if (s.E >= kMembersForOnePass) {
+    // enough members to keep every core busy, or when the whole call is one task's work anyway.
+    if (s.E >= kMembersForOnePass || s.E * s.N * s.I * s.O <= kMinWorkPerTask) {
       nmu_backward_members<scalar_t>(a, dyp, gxp, gW.data_ptr<scalar_t>());
     } else {
       nmu_backward_split<scalar_t>(a, dyp, gxp, gW.data_ptr<scalar_t>());
