@@ -63,6 +63,9 @@ def _extension():
         "csrc/autograd.cpp",
         "csrc/autograd_power.cpp",
         "csrc/power_layer.cpp",
+        "csrc/autograd_units.cpp",
+        "csrc/autocast_units.cpp",
+        "csrc/units.cpp",
         "csrc/module.cpp",
     ] + sorted(glob.glob("csrc/cpu/*.cpp")) + sorted(glob.glob("csrc/training/*.cpp"))
     macros = [("NALU_CUDA_VERSION", f'"{VERSION}"')]

@@ -52,6 +52,17 @@ Tensor nalu(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const Opt
   return std::get<0>(op.call(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate));
 }
 
+// NAU and NMU: y = op(x, W).
+Tensor nau(const Tensor& x, const Tensor& W) {
+  static auto op = find_op<Tensor(const Tensor&, const Tensor&)>("nalu_cuda::nau_forward");
+  return op.call(x, W);
+}
+
+Tensor nmu(const Tensor& x, const Tensor& W) {
+  static auto op = find_op<Tensor(const Tensor&, const Tensor&)>("nalu_cuda::nmu_forward");
+  return op.call(x, W);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -77,6 +88,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("nac", &nac, release());
   m.def("nac_mul", &nac_mul, release());
   m.def("nalu", &nalu, release());
+  m.def("nau", &nau, release());
+  m.def("nmu", &nmu, release());
   // The training data of nalu_cuda.experiments.arithmetic.UniformStream (csrc/training/uniform_fill.h).
   m.def("sfc64_uniform_fill", &nalu_cuda::training::sfc64_uniform_fill, release(), pybind11::arg("state"),
         pybind11::arg("out"), pybind11::arg("lo"), pybind11::arg("hi"), pybind11::arg("raw") = false,

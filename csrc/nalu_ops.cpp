@@ -68,4 +68,15 @@ TORCH_LIBRARY(nalu_cuda, m) {
       "inalu_backward(Tensor grad_y, Tensor x, Tensor W_hat, Tensor M_hat, Tensor W_hat_m, Tensor M_hat_m,"
       " Tensor G, Tensor a, Tensor u, Tensor msv, Tensor lx, float eps, float omega, bool compute_grad_x)"
       " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+
+  // NAU (neural addition unit): y = x clamp(W, -1, 1). W is the only parameter, (I, O) or (E, I, O).
+  m.def("nau_forward(Tensor x, Tensor W) -> Tensor");
+  // -> (grad_x, grad_W)
+  m.def("nau_backward(Tensor grad_y, Tensor x, Tensor W, bool compute_grad_x) -> (Tensor, Tensor)");
+
+  // NMU (neural multiplication unit): y[..., o] = prod_i (W[i, o] x[..., i] + 1 - W[i, o]). Nothing
+  // is saved beyond the inputs: the backward recomputes the factors (csrc/product_math.h).
+  m.def("nmu_forward(Tensor x, Tensor W) -> Tensor");
+  // -> (grad_x, grad_W)
+  m.def("nmu_backward(Tensor grad_y, Tensor x, Tensor W, bool compute_grad_x) -> (Tensor, Tensor)");
 }

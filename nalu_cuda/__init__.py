@@ -5,17 +5,21 @@ PyTorch, with fused CPU and CUDA kernels registered as torch custom ops.
     >>> layer = nalu_cuda.NALU(100, 2)            # weights (in, out): y = x W
     >>> y = layer(torch.rand(128, 100) + 1)       # (128, 2)
 
-Modules: :class:`NAC`, :class:`NACMul`, :class:`NALU`. Functions: :mod:`nalu_cuda.functional`
-(the fused ops) and :mod:`nalu_cuda.reference` (the pure-PyTorch specification). Initialisation
-presets: :mod:`nalu_cuda.init_presets`; other codebases' checkpoints and units: :mod:`nalu_cuda.compat`.
+Modules: :class:`NAC`, :class:`NACMul`, :class:`NALU`; Madsen & Johansen's :class:`NAU`, :class:`NMU`
+(with :func:`project_after_step` and :mod:`nalu_cuda.regularizers`); the power units :class:`NPU`,
+:class:`RealNPU` and :class:`INALU`. Functions: :mod:`nalu_cuda.functional` (the fused ops) and
+:mod:`nalu_cuda.reference` (the pure-PyTorch specification). Initialisation presets:
+:mod:`nalu_cuda.init_presets`; other codebases' checkpoints and units: :mod:`nalu_cuda.compat`.
 """
-from . import _ops, functional, init_presets, reference
-from .modules import BACKENDS, INALU, NAC, NALU, NPU, NACMul, RealNPU
+from . import _ops, functional, init_presets, reference, regularizers
+from .modules import BACKENDS, INALU, NAC, NALU, NAU, NMU, NPU, NACMul, RealNPU, project_after_step
 from . import compat  # noqa: E402  (needs the modules)
 
 __version__ = "0.1.0"
-__all__ = ["NAC", "NACMul", "NALU", "NPU", "RealNPU", "INALU", "BACKENDS", "functional", "reference", "init_presets",
-           "compat", "has_extension", "build_info"]
+__all__ = [
+    "NAC", "NACMul", "NALU", "NAU", "NMU", "NPU", "RealNPU", "INALU", "BACKENDS", "project_after_step",
+    "functional", "reference", "regularizers", "init_presets", "compat", "has_extension", "build_info",
+]
 
 
 def has_extension() -> bool:

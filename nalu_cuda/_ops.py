@@ -337,3 +337,61 @@ if ops is not None:
     _register_flop_formulas()
     _register_power_fakes()
 
+
+
+# ------------------------------------------------------------------------------------------------
+# NAU and NMU (csrc/units.h): one weight W, checks as csrc/units.cpp's check_unit.
+# ------------------------------------------------------------------------------------------------
+
+UNIT_OP_NAMES = ("nau_forward", "nau_backward", "nmu_forward", "nmu_backward")
+OP_NAMES = OP_NAMES + UNIT_OP_NAMES
+
+
+def _unit_out_shape(op: str, x: Tensor, W: Tensor) -> list:
+    _check_float(op, "x", x)
+    _check_float(op, "W", W)
+    if W.dim() not in (2, 3):
+        _fail(op, f"argument 'W' must have shape (in, out) or (E, in, out), got {list(W.shape)}")
+    if W.dtype != x.dtype:
+        _fail(op, f"argument 'W' must have the dtype of 'x' ({x.dtype}), got {W.dtype}")
+    if W.device != x.device:
+        _fail(op, f"argument 'W' must be on the device of 'x' ({x.device}), got {W.device}")
+    I, O = W.shape[-2], W.shape[-1]
+    if W.dim() == 3:
+        E = W.shape[0]
+        if x.dim() < 2 or x.shape[0] != E or x.shape[-1] != I:
+            _fail(op, f"argument 'x' must have shape (E, ..., in) = ({E}, ..., {I}) to match ensemble "
+                      f"weights 'W' {list(W.shape)}, got {list(x.shape)}")
+    elif x.dim() < 1 or x.shape[-1] != I:
+        _fail(op, f"argument 'x' must have shape (..., in) = (..., {I}) to match 'W' {list(W.shape)}, "
+                  f"got {list(x.shape)}")
+    return list(x.shape[:-1]) + [O]
+
+
+def _check_grad_y(op: str, grad_y: Tensor, shape: list, x: Tensor) -> None:
+    if list(grad_y.shape) != shape:
+        _fail(op, f"argument 'grad_y' must have shape {shape}, got {list(grad_y.shape)}")
+    _check_match(op, "grad_y", grad_y, "x", x)
+
+
+def _register_unit_fakes() -> None:
+    reg = torch.library.register_fake
+
+    def forward(name):
+        @reg(f"nalu_cuda::{name}")
+        def _(x, W):
+            return x.new_empty(_unit_out_shape(name, x, W))
+
+    def backward(name):
+        @reg(f"nalu_cuda::{name}")
+        def _(grad_y, x, W, compute_grad_x):
+            _check_grad_y(name, grad_y, _unit_out_shape(name, x, W), x)
+            return _grad_or_empty(compute_grad_x, x, x), _like(W)
+
+    for unit in ("nau", "nmu"):
+        forward(f"{unit}_forward")
+        backward(f"{unit}_backward")
+
+
+if ops is not None:
+    _register_unit_fakes()

@@ -18,7 +18,8 @@ from torch import Tensor
 from . import _ops, reference
 from .reference import DEFAULT_EPS, DEFAULT_OMEGA, GATES, NaluParts, _check_gate_bias, _matmul
 
-__all__ = ["nac_weight", "nac", "nac_mul", "nalu", "nalu_parts", "NaluParts", "npu", "real_npu", "inalu"]
+__all__ = ["nac_weight", "nac", "nac_mul", "nalu", "nalu_parts", "NaluParts", "npu", "real_npu", "inalu", "nau",
+           "nmu"]
 
 
 def _ops_or_raise():
@@ -248,3 +249,20 @@ def inalu(
     """iNALU: ``y = g a + (1 - g) m clip(msv, -1, 1)``; see :func:`nalu_cuda.reference.inalu`."""
     y, _a, _u, _msv, _lx = _ops_or_raise().inalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega)
     return y
+
+
+def nau(x: Tensor, W: Tensor) -> Tensor:
+    """NAU: ``y = x clamp(W, -1, 1)``; see :func:`nalu_cuda.reference.nau`."""
+    fast = _fast(x)
+    if fast is not None:
+        return fast.nau(x, W)
+    return _ops_or_raise().nau_forward(x, W)
+
+
+def nmu(x: Tensor, W: Tensor) -> Tensor:
+    """NMU: ``y[..., o] = prod_i (W[i, o] x[..., i] + 1 - W[i, o])``, without materialising the
+    factors; see :func:`nalu_cuda.reference.nmu`."""
+    fast = _fast(x)
+    if fast is not None:
+        return fast.nmu(x, W)
+    return _ops_or_raise().nmu_forward(x, W)

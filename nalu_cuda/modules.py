@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from . import _ops, functional, init_presets, reference
 from .reference import DEFAULT_EPS, GATES
 
-__all__ = ["NAC", "NACMul", "NALU", "NPU", "RealNPU", "INALU", "BACKENDS"]
+__all__ = ["NAC", "NACMul", "NALU", "NAU", "NMU", "NPU", "RealNPU", "INALU", "BACKENDS", "project_after_step"]
 
 BACKENDS = ("auto", "fused", "reference")
 Generators = Union[None, torch.Generator, Sequence[torch.Generator]]
@@ -430,3 +430,104 @@ class INALU(_PowerLayer):
 
     def extra_repr(self) -> str:
         return f"{self._base_repr()}, eps={self.eps}, omega={self.omega}, backend={self.backend!r}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Madsen & Johansen's units ("Neural Arithmetic Units", ICLR 2020): NAU and NMU. One parameter W,
+# (in, out) or (E, in, out), used as is by the forward; the published runs keep it in range by a
+# projection after every optimiser step: ``project_()``, or ``project_after_step(optimizer, ...)``.
+# ------------------------------------------------------------------------------------------------
+
+
+class _ProjectedUnit(_ArithmeticLayer):
+    """What NAU and NMU share: the weight ``W`` and its projection onto ``[low, high]``."""
+
+    W_RANGE: tuple = (-1.0, 1.0)
+
+    def __init__(self, in_features: int, out_features: int, ensemble: Optional[int], backend: str,
+                 device, dtype) -> None:
+        super().__init__(in_features, out_features, ensemble, backend, device, dtype)
+        self.W = self._param(in_features, out_features)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        """Clamp ``W`` in place to ``W_RANGE``, as the published runs do after every optimiser step.
+
+        A projection, outside autograd: call it after ``optimizer.step()``, or register it once
+        with :func:`project_after_step`."""
+        self.W.clamp_(*self.W_RANGE)
+
+    def forward(self, x: Tensor) -> Tensor:
+        fn = self._fused if self.use_fused(x) else self._reference
+        return fn(x, self.W)
+
+    def extra_repr(self) -> str:
+        return f"{self._base_repr()}, backend={self.backend!r}"
+
+
+class NAU(_ProjectedUnit):
+    """Neural addition unit: ``y = x clamp(W, -1, 1)``, no bias.
+
+    Initialisation (``reset_parameters``): ``W ~ U(-r, r)``, ``r = min(0.5, sqrt(3) sqrt(2 / (in + out)))``.
+    ``project_()`` clamps ``W`` to ``[-1, 1]``. Input ``(..., in)`` gives ``(..., out)``; with
+    ``ensemble=E``, ``(E, ..., in)`` gives ``(E, ..., out)``.
+    """
+
+    W_RANGE = (-1.0, 1.0)
+    _fused = staticmethod(functional.nau)
+    _reference = staticmethod(reference.nau)
+
+    def __init__(self, in_features: int, out_features: int, *, ensemble: Optional[int] = None,
+                 backend: str = "auto", device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, ensemble, backend, device, dtype)
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: Generators = None) -> None:
+        r = self.nac_bound
+        for idx, gen in self._members(generator):
+            self.W[idx].uniform_(-r, r, generator=gen)
+
+
+class NMU(_ProjectedUnit):
+    """Neural multiplication unit: ``y[..., o] = prod_i (W[i, o] x[..., i] + 1 - W[i, o])``.
+
+    Initialisation: ``W ~ U(0.25, 0.75)`` (the authors' code, which produced their tables; their
+    paper's text speaks of variance 1/4). ``project_()`` clamps ``W`` to ``[0, 1]``. Shapes as
+    for :class:`NAU`. The fused op never materialises the ``(..., in, out)`` factors.
+    """
+
+    W_RANGE = (0.0, 1.0)
+    INIT_RANGE = (0.25, 0.75)
+    _fused = staticmethod(functional.nmu)
+    _reference = staticmethod(reference.nmu)
+
+    def __init__(self, in_features: int, out_features: int, *, ensemble: Optional[int] = None,
+                 backend: str = "auto", device=None, dtype=None) -> None:
+        super().__init__(in_features, out_features, ensemble, backend, device, dtype)
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: Generators = None) -> None:
+        for idx, gen in self._members(generator):
+            self.W[idx].uniform_(*self.INIT_RANGE, generator=gen)
+
+
+def project_after_step(optimizer: torch.optim.Optimizer, modules):
+    """Register the projection of every NAU / NMU in ``modules`` (one module, or an iterable of
+    modules, whose sub-modules are searched too) to run after each ``optimizer.step()``.
+
+    Returns the hook's handle (``handle.remove()`` undoes it). Raises ValueError when no NAU or
+    NMU is found (a projection that silently does nothing would hide a wrong argument).
+    """
+    if isinstance(modules, nn.Module):
+        modules = [modules]
+    units = [m for root in modules for m in root.modules() if isinstance(m, _ProjectedUnit)]
+    if not units:
+        raise ValueError("nalu_cuda.project_after_step: argument 'modules' must contain at least one NAU or NMU, "
+                         "got none")
+
+    def hook(_optimizer, _args, _kwargs):
+        for unit in units:
+            unit.project_()
+
+    return optimizer.register_step_post_hook(hook)

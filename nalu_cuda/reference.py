@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["DEFAULT_EPS", "DEFAULT_OMEGA", "nac_weight", "log_abs", "nac", "nac_mul", "nalu", "nalu_parts", "NaluParts",
-           "GATES", "npu", "real_npu", "inalu"]
+           "GATES", "npu", "real_npu", "inalu", "nau", "nmu"]
 
 DEFAULT_EPS = 1e-7
 GATES = ("input", "independent")
@@ -213,3 +213,28 @@ def inalu(
     msv = (torch.sign(x).unsqueeze(-1) * W_abs + 1 - W_abs).prod(dim=-2)
     g = _per_member(torch.sigmoid(G), x, W_hat.dim() == 3)
     return g * a + (1 - g) * (m * msv.clamp(-1, 1))
+
+
+# ------------------------------------------------------------------------------------------------
+# Units beyond the paper (Madsen & Johansen, "Neural Arithmetic Units", ICLR 2020). The only
+# parameter is W, (I, O) or (E, I, O), used as given: the published runs keep it in range by a
+# projection after each optimiser step (nalu_cuda.NAU.project_, nalu_cuda.NMU.project_), not here.
+# ------------------------------------------------------------------------------------------------
+
+
+def nau(x: Tensor, W: Tensor) -> Tensor:
+    """NAU (neural addition unit): ``y = x clamp(W, -1, 1)``."""
+    return _matmul(x, torch.clamp(W, -1.0, 1.0))
+
+
+def nmu(x: Tensor, W: Tensor) -> Tensor:
+    """NMU (neural multiplication unit): ``y[..., o] = prod_i (W[i, o] x[..., i] + 1 - W[i, o])``.
+
+    ``W = 0`` makes input i's factor the identity 1, ``W = 1`` makes it ``x_i``; no logarithm, so
+    zero and negative inputs are fine. This specification materialises the ``(..., I, O)`` factors
+    (the fused op does not).
+    """
+    if W.dim() == 3:  # (E, I, O) -> (E, 1, ..., 1, I, O) against x (E, ..., I, 1)
+        W = W.reshape(W.shape[0], *([1] * (x.dim() - 2)), *W.shape[1:])
+    factors = x.unsqueeze(-1) * W + (1 - W)
+    return torch.prod(factors, dim=-2)
