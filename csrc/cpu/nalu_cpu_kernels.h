@@ -21,7 +21,8 @@
 //            over a row that is still in L1; weight gradients accumulate in per-chunk partial
 //            sums that are added in a fixed order. No BLAS call, no batch-sized temporary.
 //   blas     wider layers: products by ATen's bmm (MKL/oneDNN); each elementwise step around them
-//            is one fused, vectorised, parallel loop.
+//            is one fused, vectorised, parallel loop. The backward's only batch-sized scratch is
+//            one (E, N, O) buffer that holds du, da and dz in turn.
 #ifndef NALU_CPU_ISA
 #error "define NALU_CPU_ISA (the namespace of this instruction set) before including nalu_cpu_kernels.h"
 #endif
@@ -969,66 +970,67 @@ void blas_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& 
   }
 }
 
-// blas path, backward: a fused prologue (da, du, dz), products by bmm, a fused x-gradient epilogue.
+// blas path, backward. The output gradients du, da, dz go in turn through one (E, N, O) buffer
+// (a fused pass each, cheap next to the products), each followed by its products; dx is built in
+// place: (du W_m^T) sign(x) / (|x| + eps), + da W^T, + dz G^T. So the only batch-sized scratch is
+// that one buffer (three buffers and a (E, N, I) product before: issue 11's memory item).
 // dW, dWm: gradients w.r.t. W, W_m, (E, I, O); dG: w.r.t. G in G's shape; dx in x's shape.
 template <typename T>
 void blas_backward(const LayerKind& kind, const LayerShape& s, bool sep, const at::Tensor& x3, const at::Tensor& dy,
                    const BlasWeights& b, const SavedPtrs<T>& sv, const at::Tensor& lx, T eps, at::Tensor dx,
                    at::Tensor dW, at::Tensor dWm, at::Tensor dG) {
-  auto opts = x3.options();
+  enum Which { kDa, kDu, kDz };
   const int64_t O = s.O, NO = s.N * s.O, count = s.E * NO;
-  at::Tensor da = kind.add ? at::empty({s.E, s.N, s.O}, opts) : at::Tensor();
-  at::Tensor du = kind.mul ? at::empty({s.E, s.N, s.O}, opts) : at::Tensor();
-  at::Tensor dz = kind.gate != Gate::kNone ? at::empty({s.E, s.N, s.O}, opts) : at::Tensor();
-  T* dap = ptr_or_null<T>(da);
-  T* dup = ptr_or_null<T>(du);
-  T* dzp = ptr_or_null<T>(dz);
+  at::Tensor d = at::empty({s.E, s.N, s.O}, x3.options());
+  T* dp = d.data_ptr<T>();
   const T* dyp = dy.const_data_ptr<T>();
-  dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
-    parallel_simd(count, 16, [=](int64_t k) {
-      T dav = 0, duv = 0, dzv = 0;
-      output_grads<T, ADD, MUL>(dyp[k], ADD && MUL ? sv.a[k] : T(0), MUL ? sv.m[k] : T(0),
-                                gate_at<T, GATE>(sv.g, k, NO, O), &dav, &duv, &dzv);
-      if constexpr (ADD) dap[k] = dav;
-      if constexpr (MUL) dup[k] = duv;
-      if constexpr (GATE != Gate::kNone) dzp[k] = dzv;
+  auto fill = [&](Which which) {
+    dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
+      parallel_simd(count, 16, [=](int64_t k) {
+        T dav = 0, duv = 0, dzv = 0;
+        output_grads<T, ADD, MUL>(dyp[k], ADD && MUL ? sv.a[k] : T(0), MUL ? sv.m[k] : T(0),
+                                  gate_at<T, GATE>(sv.g, k, NO, O), &dav, &duv, &dzv);
+        dp[k] = which == kDa ? dav : (which == kDu ? duv : dzv);
+      });
     });
-  });
-  at::Tensor xt = x3.transpose(1, 2);
-  if (kind.add) at::bmm_out(dW, xt, da);
+  };
+  const at::Tensor xt = x3.transpose(1, 2);
+  at::Tensor dx3 = dx.defined() ? dx.view({s.E, s.N, s.I}) : at::Tensor();
   if (kind.mul) {
-    at::Tensor lxt = lx.view({s.E, s.N, s.I}).transpose(1, 2);
-    if (sep) {
-      at::bmm_out(dWm, lxt, du);
-    } else if (kind.add) {
-      dW.baddbmm_(lxt, du);
-    } else {
-      at::bmm_out(dW, lxt, du);
+    fill(kDu);
+    const at::Tensor lxt = lx.view({s.E, s.N, s.I}).transpose(1, 2);
+    at::bmm_out(sep ? dWm : dW, lxt, d);
+    if (dx.defined()) {
+      at::bmm_out(dx3, d, b.Wm.transpose(1, 2));
+      const T* xp = x3.const_data_ptr<T>();
+      T* dxp = dx.data_ptr<T>();
+      parallel_simd(dx.numel(), 8, [=](int64_t k) { dxp[k] *= nm::log_abs_grad(xp[k], eps); });
     }
   }
-  if (kind.gate == Gate::kInput) {
-    at::Tensor dG3 = dG.view({s.E, s.I, s.O});
-    at::bmm_out(dG3, xt, dz);
-  }
-  if (kind.gate == Gate::kIndependent) {
-    at::Tensor dG2 = dG.view({s.E, s.O});
-    at::sum_out(dG2, dz, {1});
-  }
-  if (!dx.defined()) return;
-  at::Tensor dx3 = dx.view({s.E, s.N, s.I});
   if (kind.add) {
-    at::bmm_out(dx3, da, b.W.transpose(1, 2));
-    if (kind.gate == Gate::kInput) dx3.baddbmm_(dz, b.G.transpose(1, 2));
-  }
-  if (kind.mul) {
-    at::Tensor t = at::bmm(du, b.Wm.transpose(1, 2));
-    const T* tp = t.const_data_ptr<T>();
-    const T* xp = x3.const_data_ptr<T>();
-    T* dxp = dx.data_ptr<T>();
-    if (kind.add) {
-      parallel_simd(dx.numel(), 8, [=](int64_t k) { dxp[k] += tp[k] * nm::log_abs_grad(xp[k], eps); });
+    fill(kDa);
+    if (kind.mul && !sep) {
+      dW.baddbmm_(xt, d);
     } else {
-      parallel_simd(dx.numel(), 8, [=](int64_t k) { dxp[k] = tp[k] * nm::log_abs_grad(xp[k], eps); });
+      at::bmm_out(dW, xt, d);
+    }
+    if (dx.defined()) {
+      if (kind.mul) {
+        dx3.baddbmm_(d, b.W.transpose(1, 2));
+      } else {
+        at::bmm_out(dx3, d, b.W.transpose(1, 2));
+      }
+    }
+  }
+  if (kind.gate != Gate::kNone) {
+    fill(kDz);
+    if (kind.gate == Gate::kInput) {
+      at::Tensor dG3 = dG.view({s.E, s.I, s.O});
+      at::bmm_out(dG3, xt, d);
+      if (dx.defined()) dx3.baddbmm_(d, b.G.transpose(1, 2));
+    } else {
+      at::Tensor dG2 = dG.view({s.E, s.O});
+      at::sum_out(dG2, d, {1});
     }
   }
 }

@@ -266,14 +266,14 @@ Backward backward(const char* op, const LayerKind& kind, const Tensor& grad_y, c
     return r;
   }
 
-  // cuBLAS path: prologue (W, W_m; da, du, dz) -> weight-gradient products -> du W_m^T ->
-  // epilogue (dx scaling, weight construction backward) -> da W^T + dz G^T into dx.
+  // cuBLAS path. One (E, N, O) buffer holds du, da, dz in turn (a prologue launch each; the first
+  // also rebuilds W, W_m), each followed by its products: du -> dW_m (dW when tied), du W_m^T into
+  // dx; da -> dW; epilogue (dx scaling, weight construction backward); da W^T into dx;
+  // dz -> dG, dz G^T into dx.
   const int64_t E = s.E, N = s.N, I = s.I, O = s.O;
   Tensor W = at::empty({E, I, O}, opts);
   Tensor Wm = k.sep ? at::empty({E, I, O}, opts) : W;
-  Tensor da = kind.add ? at::empty({E, N, O}, opts) : Tensor();
-  Tensor du = kind.mul ? at::empty({E, N, O}, opts) : Tensor();
-  Tensor dz = kind.gate != Gate::kNone ? at::empty({E, N, O}, opts) : Tensor();
+  Tensor buf = at::empty({E, N, O}, opts);
   PrologueArgs w;
   w.n_w = E * I * O;
   w.W_hat = cptr(in.W_hat);
@@ -284,33 +284,18 @@ Backward backward(const char* op, const LayerKind& kind, const Tensor& grad_y, c
     w.M_hat_m = cptr(in.M_hat_m);
     w.Wm = ptr(Wm);
   }
-  backward_prologue(dt, k, d, w, sv, ptr(da), ptr(du), ptr(dz), stream);
+  PrologueArgs no_weights;  // n_w = 0: the weights are built by the first launch
+  bool weights_built = false;
+  auto output_grad = [&](bool is_da, bool is_du, bool is_dz) {
+    backward_prologue(dt, k, d, weights_built ? no_weights : w, sv, is_da ? ptr(buf) : nullptr,
+                      is_du ? ptr(buf) : nullptr, is_dz ? ptr(buf) : nullptr, stream);
+    weights_built = true;
+  };
 
   const Tensor x3 = in.x.view({E, N, I});
   const Tensor xT = x3.transpose(1, 2);
   Tensor dW = at::empty({E, I, O}, opts);
   Tensor dWm = k.sep ? at::empty({E, I, O}, opts) : Tensor();
-  if (kind.add) at::bmm_out(dW, xT, da);
-  if (kind.mul) {
-    const Tensor lxT = lx.view({E, N, I}).transpose(1, 2);
-    if (k.sep) {
-      at::bmm_out(dWm, lxT, du);
-    } else if (kind.add) {
-      dW.baddbmm_(lxT, du);
-    } else {
-      at::bmm_out(dW, lxT, du);
-    }
-  }
-  Tensor G3;
-  if (kind.gate == Gate::kInput) {
-    G3 = in.G.view({E, I, O});
-    Tensor dG3 = r.grad_G.view({E, I, O});
-    at::bmm_out(dG3, xT, dz);
-  } else if (kind.gate == Gate::kIndependent) {
-    Tensor dG2 = r.grad_G.view({E, O});
-    at::sum_out(dG2, dz, at::IntArrayRef{1});
-  }
-
   Tensor dx3 = compute_grad_x ? r.grad_x.view({E, N, I}) : Tensor();
   EpilogueArgs ep;
   ep.n_w = E * I * O;
@@ -326,21 +311,45 @@ Backward backward(const char* op, const LayerKind& kind, const Tensor& grad_y, c
     ep.dW_hat_m = ptr(r.grad_W_hat_m);
     ep.dM_hat_m = ptr(r.grad_M_hat_m);
   }
-  if (compute_grad_x && kind.mul) {
-    at::bmm_out(dx3, du, Wm.transpose(1, 2));  // scaled by sign(x) / (|x| + eps) in the epilogue
-    ep.n_dx = x.numel();
-    ep.dx = ptr(r.grad_x);
-    ep.x = cptr(in.x);
-    ep.eps = eps;
+  if (kind.mul) {
+    output_grad(false, true, false);  // du
+    const Tensor lxT = lx.view({E, N, I}).transpose(1, 2);
+    at::bmm_out(k.sep ? dWm : dW, lxT, buf);
+    if (compute_grad_x) {
+      at::bmm_out(dx3, buf, Wm.transpose(1, 2));  // scaled by sign(x) / (|x| + eps) in the epilogue
+      ep.n_dx = x.numel();
+      ep.dx = ptr(r.grad_x);
+      ep.x = cptr(in.x);
+      ep.eps = eps;
+    }
+  }
+  if (kind.add) {
+    output_grad(true, false, false);  // da
+    if (kind.mul && !k.sep) {
+      dW.baddbmm_(xT, buf);
+    } else {
+      at::bmm_out(dW, xT, buf);
+    }
   }
   backward_epilogue(dt, ep, stream);
   if (compute_grad_x && kind.add) {
     if (kind.mul) {
-      dx3.baddbmm_(da, W.transpose(1, 2));
+      dx3.baddbmm_(buf, W.transpose(1, 2));
     } else {
-      at::bmm_out(dx3, da, W.transpose(1, 2));
+      at::bmm_out(dx3, buf, W.transpose(1, 2));
     }
-    if (kind.gate == Gate::kInput) dx3.baddbmm_(dz, G3.transpose(1, 2));
+  }
+  if (kind.gate != Gate::kNone) {
+    output_grad(false, false, true);  // dz
+    if (kind.gate == Gate::kInput) {
+      const Tensor G3 = in.G.view({E, I, O});
+      Tensor dG3 = r.grad_G.view({E, I, O});
+      at::bmm_out(dG3, xT, buf);
+      if (compute_grad_x) dx3.baddbmm_(buf, G3.transpose(1, 2));
+    } else {
+      Tensor dG2 = r.grad_G.view({E, O});
+      at::sum_out(dG2, buf, at::IntArrayRef{1});
+    }
   }
   return r;
 }

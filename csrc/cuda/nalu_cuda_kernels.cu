@@ -38,11 +38,12 @@
 //            fixed order, and the chunking depends on the shape alone.
 //
 // cuBLAS path (wider layers): the products go to cuBLAS through ATen (batched over E, called by
-// nalu_cuda.cpp); everything elementwise is one fused launch before or after them:
+// nalu_cuda.cpp); everything elementwise is fused launches before or after them:
 //   forward   forward_prologue (W, W_m, lx, sigmoid(G)) -> 1..3 bmm -> forward_epilogue
-//   backward  backward_prologue (W, W_m, da, du, dz) -> bmm for dW, dW_m, dG and du W_m^T ->
-//             backward_epilogue (dx *= sign(x)/(|x|+eps); dW_hat, dM_hat, ...) -> baddbmm for
-//             da W^T and dz G^T into dx
+//   backward  one (E, N, O) buffer, filled by backward_prologue with du (and W, W_m), then da,
+//             then dz, each followed by its products: dW_m, du W_m^T into dx; dW;
+//             backward_epilogue (dx *= sign(x)/(|x|+eps); dW_hat, dM_hat, ...); da W^T into dx;
+//             dG, dz G^T into dx
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -581,12 +582,12 @@ __global__ void __launch_bounds__(kThreads)
       const A gv = GATE == kGateInput ? ld<A, T>(sv.g, k) : ld<A, T>(sv.g, (k / NO) * O + k % O);
       A dav, duv, dzv;
       nm::blend_backward(dyv, ld<A, T>(sv.a, k), ld<A, T>(sv.m, k), gv, &dav, &duv, &dzv);
-      st<T>(da, k, dav);
-      st<T>(du, k, duv);
-      st<T>(dz, k, dzv);
+      if (da != nullptr) st<T>(da, k, dav);
+      if (du != nullptr) st<T>(du, k, duv);
+      if (dz != nullptr) st<T>(dz, k, dzv);
     } else if (ADD) {
-      st<T>(da, k, dyv);
-    } else {
+      if (da != nullptr) st<T>(da, k, dyv);
+    } else if (du != nullptr) {
       st<T>(du, k, dyv * ld<A, T>(sv.m, k));
     }
   }

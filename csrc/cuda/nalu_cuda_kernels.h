@@ -139,6 +139,8 @@ void forward_epilogue(DType dt, const KindArgs& kind, const Dims& d, const Layer
 // One launch: rebuilds W (and W_m) as in forward_prologue (w.n_w entries; n_lx, n_g unused), and
 // computes the gradients at the pre-activations over E N O entries:
 //   da = g dy;  du = (1 - g) dy m;  dz = (a - m) dy g (1 - g)   (NAC+: da = dy; NAC*: du = dy y)
+// Each of da, du, dz may be null (not written): the host computes them one at a time into one
+// buffer, so that a backward holds a single (E, N, O) scratch tensor.
 void backward_prologue(DType dt, const KindArgs& kind, const Dims& d, const PrologueArgs& w,
                        const SavedPtrs& saved, void* da, void* du, void* dz, cudaStream_t stream);
 
