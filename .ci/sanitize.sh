@@ -34,11 +34,24 @@ ldd nalu_cuda/_C*.so | grep -q libasan || { echo "sanitize: the extension is not
 
 # abort_on_error: a report ends the process at once (pytest cannot swallow it); the exit status
 # of the test run is then non-zero. halt_on_error is the default for ASan and forced for UBSan.
+# The reports go to files (log_path), printed below: pytest's capture of the test's stderr would
+# drop them when the process aborts.
+REPORTS="$(pwd)/sanitizer-report"
+rm -f "$REPORTS".*
 export LD_PRELOAD="$LIBASAN"
-export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:print_summary=1"
-export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:print_summary=1:log_path=$REPORTS"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$REPORTS"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 python -c "import nalu_cuda, os; assert os.path.dirname(nalu_cuda.__file__) == os.path.join(os.getcwd(), 'nalu_cuda'), nalu_cuda.__file__"
+status=0
 timeout --signal=INT --kill-after=30 "$TIMEOUT" \
-  python -m pytest python_tests/test_ops.py python_tests/test_layouts.py -q -p no:cacheprovider
+  python -m pytest python_tests/test_ops.py python_tests/test_layouts.py -q -p no:cacheprovider || status=$?
+for f in "$REPORTS".*; do
+  if [ -f "$f" ]; then
+    echo "== sanitizer report $f"
+    cat "$f"
+    [ "$status" = 0 ] && status=1
+  fi
+done
 cd "$ROOT"
+exit "$status"
