@@ -42,13 +42,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import nalu_cuda
-
 from . import registry
-from .exp2_common import add_backend_argument, interval_summary, resolve_backend, resolve_device, run_options, seed_list, train_ensemble
+from .exp2_common import (add_backend_argument, interval_summary, resolve_backend, resolve_device, run_options,
+                          seed_list, train_ensemble)
 from .gridworld_env import ACTIONS, FRAME, GridWorldVectorEnv, positions, render_frames, to_image
 from .recurrent_units import EnsembleAdam, EnsembleLinear, EnsembleLSTM, RecurrentArithmetic, member_generators
-from .report import fmt_num, md_table, plt, save_figure
+from .report import md_table, plt, save_figure
 
 NAME = "gridworld"
 AGENTS = ("a3c", "nac")
@@ -508,7 +507,8 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     by = {r.extra.get("agent", r.config.name): r for r in results}
     c0 = results[0]
     lines = ["## Grid-world time tracking (Fig. 5)", "", CLAIM, ""]
-    lines.append(f"{c0.config.seeds} seeds per agent, {c0.config.steps} updates of {c0.config.params.get('envs', BASE_PARAMS['envs'])} "
+    envs = c0.config.params.get("envs", BASE_PARAMS["envs"])
+    lines.append(f"{c0.config.seeds} seeds per agent, {c0.config.steps} updates of {envs} "
                  f"episodes per seed (T ~ U{{{c0.extra['t_range'][0]}, {c0.extra['t_range'][1]}}}); evaluation: "
                  f"{c0.extra['episodes_per_T']} greedy episodes per seed and T; success = arrival at exactly t = T. "
                  "Rates pool the episodes of all seeds, with 95% Wilson intervals.")

@@ -10,8 +10,8 @@ from gymnasium.utils.env_checker import check_env
 from nalu_cuda import cli
 from nalu_cuda.experiments import gridworld as gw
 from nalu_cuda.experiments import registry
-from nalu_cuda.experiments.gridworld_env import (ENV_ID, FRAME, GridWorldEnv, GridWorldVectorEnv, cell_bounds, positions,
-                                                 render_frames, set_positions)
+from nalu_cuda.experiments.gridworld_env import (ENV_ID, FRAME, GridWorldEnv, GridWorldVectorEnv, cell_bounds,
+                                                 positions, render_frames, set_positions)
 from nalu_cuda.experiments.recurrent_units import EnsembleLSTM, RecurrentArithmetic
 
 UP, DOWN, LEFT, RIGHT, NOOP = range(5)
