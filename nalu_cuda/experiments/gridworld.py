@@ -7,8 +7,9 @@ the red target exactly at step ``T``). The agents, ``E`` seeds in one batched mo
   (:class:`ConvEncoder`, on the grey-scale frame average-pooled by ``pool``), an LSTM over
   ``concat(features, T)``, and linear policy (5 logits) and value heads on the LSTM state.
 * ``nac``: the same, plus a recurrent NAC (:class:`nalu_cuda.NAC`, fused) on the numerical state:
-  ``n_t = NAC(concat(T, 1, n_{t-1}))`` with ``n_0 = 0`` (it can hold ``T - t`` exactly, a linear
-  count), and the heads read ``concat(h_t, n_t)``.
+  ``n_t = NAC(concat(T, 1, n_{t-1}))`` with ``n_0 = 0``, and the heads read ``concat(h_t, n_t)``.
+  Its two default units can hold ``t`` and ``T - t`` exactly, with weights in {-1, 0, 1}:
+  ``u_t = u_{t-1} + 1`` and ``v_t = T - 1 - u_{t-1}``, linear counts that do not saturate.
 
 Training is synchronous advantage actor-critic (A2C, the batched form of A3C): every update plays
 ``envs`` whole episodes per seed with ``T ~ U{t_low, t_high}``, all seeds and episodes stepping at
