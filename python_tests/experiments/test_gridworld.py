@@ -225,3 +225,22 @@ def test_bad_arguments_are_refused():
     assert info.value.code == 2
     with pytest.raises(ValueError, match="t_low"):
         GridWorldVectorEnv(2, t_low=9, t_high=5)
+
+
+def test_the_recurrent_nac_can_count_t_and_the_time_left():
+    """With weights at +-1 and 0 (saturated W_hat, M_hat), the NAC agent's numerical state is
+    (t, T - t) at every step t, for instructions far outside the training range too."""
+    agent = gw.GridAgent(2, "nac", hidden=8, features=8, conv=((2, 3, 1), (4, 3, 2)))
+    # rows: inputs (T, 1, u_{t-1}, v_{t-1}); columns: outputs (u_t, v_t)
+    target = torch.tensor([[0.0, 1.0], [1.0, -1.0], [1.0, -1.0], [0.0, 0.0]], dtype=torch.float64)
+    cell = agent.nac.cell.double()
+    with torch.no_grad():
+        cell.W_hat.copy_(20 * target.expand(2, 4, 2))
+        cell.M_hat.copy_(torch.where(target != 0, 20.0, -20.0).expand(2, 4, 2))
+    T = torch.tensor([5.0, 12.0, 19.0, 250.0], dtype=torch.float64).reshape(1, 4, 1).expand(2, 4, 1)
+    n = torch.zeros(2, 4, 2, dtype=torch.float64)
+    for t in range(1, 30):
+        n = cell(torch.cat([T, torch.ones_like(T), n], dim=-1))
+        # tanh(20) * sigmoid(20) = 1 - 4e-9: exact up to that saturation
+        torch.testing.assert_close(n[..., 0], torch.full((2, 4), float(t), dtype=torch.float64), rtol=0, atol=1e-5)
+        torch.testing.assert_close(n[..., 1], T[..., 0] - t, rtol=0, atol=1e-5)

@@ -235,7 +235,8 @@ class GridWorldVectorEnv(VectorEnv):
         options = options or {}
         mask = np.asarray(options.get("reset_mask", np.ones(self.num_envs, dtype=bool)), dtype=bool)
         if mask.shape != (self.num_envs,):
-            raise ValueError(f"GridWorldVectorEnv.reset: reset_mask must have shape ({self.num_envs},), got {mask.shape}")
+            raise ValueError(f"GridWorldVectorEnv.reset: reset_mask must have shape ({self.num_envs},), "
+                             f"got {mask.shape}")
         self._b.reset(self._np_random, mask, options.get("T"))
         return self._b.observation(), {"T": self._b.T.copy()}
 

@@ -7,8 +7,9 @@ the red target exactly at step ``T``). The agents, ``E`` seeds in one batched mo
   (:class:`ConvEncoder`, on the grey-scale frame average-pooled by ``pool``), an LSTM over
   ``concat(features, T)``, and linear policy (5 logits) and value heads on the LSTM state.
 * ``nac``: the same, plus a recurrent NAC (:class:`nalu_cuda.NAC`, fused) on the numerical state:
-  ``n_t = NAC(concat(T, 1, n_{t-1}))`` with ``n_0 = 0`` (it can hold ``T - t`` exactly, a linear
-  count), and the heads read ``concat(h_t, n_t)``.
+  ``n_t = NAC(concat(T, 1, n_{t-1}))`` with ``n_0 = 0``, and the heads read ``concat(h_t, n_t)``.
+  Its two default units can hold ``t`` and ``T - t`` exactly, with weights in {-1, 0, 1}:
+  ``u_t = u_{t-1} + 1`` and ``v_t = T - 1 - u_{t-1}``, linear counts that do not saturate.
 
 Training is synchronous advantage actor-critic (A2C, the batched form of A3C): every update plays
 ``envs`` whole episodes per seed with ``T ~ U{t_low, t_high}``, all seeds and episodes stepping at
@@ -52,7 +53,7 @@ from ..parts.seeding import member_generators
 from ..parts.sequence_models import EnsembleLSTM, RecurrentArithmetic
 from ..parts.training import train_sequence_ensemble
 from ..plugin import add_backend_argument, run_options, run_setting
-from ..report import fmt_num, md_table, plt, save_figure
+from ..report import md_table, plt, save_figure
 from ..stats import interval_summary
 
 NAME = "gridworld"
@@ -511,7 +512,8 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     by = {r.extra.get("agent", r.config.name): r for r in results}
     c0 = results[0]
     lines = ["## Grid-world time tracking (Fig. 5)", "", CLAIM, ""]
-    lines.append(f"{c0.config.seeds} seeds per agent, {c0.config.steps} updates of {c0.config.params.get('envs', BASE_PARAMS['envs'])} "
+    envs = c0.config.params.get("envs", BASE_PARAMS["envs"])
+    lines.append(f"{c0.config.seeds} seeds per agent, {c0.config.steps} updates of {envs} "
                  f"episodes per seed (T ~ U{{{c0.extra['t_range'][0]}, {c0.extra['t_range'][1]}}}); evaluation: "
                  f"{c0.extra['episodes_per_T']} greedy episodes per seed and T; success = arrival at exactly t = T. "
                  "Rates pool the episodes of all seeds, with 95% Wilson intervals.")
