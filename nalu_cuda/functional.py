@@ -152,6 +152,11 @@ class _NaluParts(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, da, dm, dg):
         x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph=True: the backward op has no autograd of its own, so differentiate the
+            # reference instead (a differentiable backward, never a disconnected graph).
+            return _NaluParts._differentiable_backward(ctx, (x, W_hat, M_hat, W_hat_m, M_hat_m, G),
+                                                      (dy, da, dm, dg))
         sep = W_hat_m is not None
         need_x = ctx.needs_input_grad[0]
         if dy is None:
@@ -190,6 +195,20 @@ class _NaluParts(torch.autograd.Function):
             if need_x:
                 gx = gx + dx
         return (gx if need_x else None, gw, gm, gwm if sep else None, gmm if sep else None, gG, None, None)
+
+    @staticmethod
+    def _differentiable_backward(ctx, inputs, grads):
+        x, W_hat, M_hat, W_hat_m, M_hat_m, G = inputs
+        gate = "input" if ctx.input_gate else "independent"
+        outs = reference.nalu_parts(x, W_hat, M_hat, G, W_hat_m, M_hat_m, ctx.eps, gate)
+        pairs = [(o, go) for o, go in zip(outs, grads) if go is not None]
+        wanted = [i for i, t in enumerate(inputs) if t is not None and ctx.needs_input_grad[i]]
+        got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted], [go for _, go in pairs],
+                                  create_graph=True, allow_unused=True)
+        result = [None] * len(inputs)
+        for i, gr in zip(wanted, got):
+            result[i] = gr
+        return (*result, None, None)
 
 
 def nalu_parts(

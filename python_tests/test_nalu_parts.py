@@ -76,6 +76,8 @@ def test_gradcheck(case):
     assert torch.autograd.gradcheck(parts, args)
     if c["bias"]:
         assert torch.autograd.gradcheck(lambda *ts: parts(*ts)[0], args)
+    # create_graph=True through the parts: correct second derivatives, not a disconnected graph
+    assert torch.autograd.gradgradcheck(parts, args)
 
 
 def test_only_some_parts_get_gradients():
