@@ -77,7 +77,7 @@ def _out_in_order(fill: Fill) -> Fill:
     return wrapped
 
 
-def _nau_bound(fan_in: int, fan_out: int) -> float:
+def nau_bound(fan_in: int, fan_out: int) -> float:
     return min(0.5, math.sqrt(3.0) * math.sqrt(2.0 / (fan_in + fan_out)))
 
 
@@ -123,7 +123,7 @@ def _kaiming(a: float) -> Fill:
 # preset -> role -> fill. Modules of other units add their roles with register().
 PRESETS: Dict[str, Dict[str, Fill]] = {
     "stable-nalu": {
-        "nac": _uniform(_nau_bound),
+        "nac": _uniform(nau_bound),
         "gate": _uniform(_glorot_bound),
         "gate_independent": _zeros,
         "gate_bias": _zeros,

@@ -484,7 +484,7 @@ class NAU(_ProjectedUnit):
 
     @torch.no_grad()
     def reset_parameters(self, generator: Generators = None) -> None:
-        r = self.nac_bound
+        r = init_presets.nau_bound(self.in_features, self.out_features)
         for idx, gen in self._members(generator):
             self.W[idx].uniform_(-r, r, generator=gen)
 
