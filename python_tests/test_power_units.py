@@ -295,6 +295,28 @@ def test_module_bad_arguments(cls, kwargs, pattern):
         cls(3, 2, **kwargs)
 
 
+@pytest.mark.parametrize("unit", ["npu", "real_npu", "inalu"])
+def test_autocast_runs_the_ops_in_float32(unit):
+    # Under torch.autocast the ops cast float16/bfloat16 arguments to float32 once and return float32.
+    fn = {"npu": F.npu, "real_npu": F.real_npu, "inalu": F.inalu}[unit]
+    I, O = 5, 2
+    x = rand_input((8, I), dtype=torch.float32)
+    if unit == "inalu":
+        args = [rand_params((I, O), dtype=torch.float32) for _ in range(4)] + [rand_params((O,), dtype=torch.float32)]
+    else:
+        args = [rand_params((I, O), scale=0.3, dtype=torch.float32)]
+        if unit == "npu":
+            args.append(rand_params((I, O), scale=0.3, dtype=torch.float32))
+        args.append(torch.rand(I))
+    params = [a.requires_grad_() for a in args]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fn(x.bfloat16(), *params)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, fn(x.bfloat16().float(), *params))
+    got.sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in params)
+
+
 # ------------------------------------------------------------------------------------------------
 # Modules
 # ------------------------------------------------------------------------------------------------
