@@ -154,6 +154,14 @@ def nalu(
 DEFAULT_OMEGA = 20.0
 
 
+def _clamp(t: Tensor, low: float, high: float) -> Tensor:
+    """``clamp(t, low, high)`` whose derivative is 1 on the closed interval [low, high] and 0
+    outside it, written out so that it does not depend on how a torch release differentiates
+    ``torch.clamp`` at the bounds (the kernels follow this convention)."""
+    inside = (t >= low) & (t <= high)
+    return torch.where(inside, t, t.detach().clamp(low, high))
+
+
 def _per_member(t: Tensor, x: Tensor, ensemble: bool) -> Tensor:
     """A per-member vector ``(E, K)`` as ``(E, 1, ..., 1, K)`` against ``x`` of shape ``(E, ..., *)``."""
     if not ensemble:
@@ -169,7 +177,7 @@ def npu(x: Tensor, W_r: Tensor, W_i: Optional[Tensor], g: Tensor, eps: float = D
     ``y = exp(log(r) W_r - k W_i) cos(k W_r + log(r) W_i)``. ``W_i=None`` is the RealNPU
     (``W_i = 0``): ``y = exp(log(r) W_r) cos(k W_r)``. A gate of 0 ignores its input (r = 1, k = 0).
     """
-    gc = _per_member(g.clamp(0, 1), x, W_r.dim() == 3)
+    gc = _per_member(_clamp(g, 0.0, 1.0), x, W_r.dim() == 3)
     r = gc * (x.abs() + eps) + (1 - gc)
     k = gc * math.pi * (x < 0).to(x.dtype)
     lr = torch.log(r)
@@ -224,7 +232,7 @@ def inalu(
 
 def nau(x: Tensor, W: Tensor) -> Tensor:
     """NAU (neural addition unit): ``y = x clamp(W, -1, 1)``."""
-    return _matmul(x, torch.clamp(W, -1.0, 1.0))
+    return _matmul(x, _clamp(W, -1.0, 1.0))
 
 
 def nmu(x: Tensor, W: Tensor) -> Tensor:
