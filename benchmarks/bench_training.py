@@ -7,7 +7,9 @@ every member for NaN/Inf, and take an Adam step: exactly the loop of
 ``nalu_cuda.experiments.parts.training.train_ensemble`` used by ``nalu-cuda static`` (a tiny validation
 set is evaluated once at the start and once at the end).
 
-Rows (``--models`` NAC+ -> NAC+ and NALU -> NALU by default):
+Rows (``--models`` NAC+ -> NAC+ and NALU -> NALU by default; ``nmu`` is Madsen's NMU model, NAU -> NMU,
+timed with its regulariser on and its weights clamped after every step, as in the published runs
+once the regulariser has started):
 
 * ``E=1 reference``: one seed, eager pure-PyTorch layers. Training 100 seeds one after another
   (how the published protocol ran them) costs 100 times one such run; that is the baseline.
@@ -47,7 +49,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import nalu_cuda  # noqa: E402
 from nalu_cuda.experiments.parts import arithmetic_data as ar  # noqa: E402
 from nalu_cuda.experiments.parts import uniform_stream as us  # noqa: E402
-from nalu_cuda.experiments.parts.arithmetic_models import build_static_model, member_generators  # noqa: E402
+from nalu_cuda import regularizers  # noqa: E402
+from nalu_cuda.experiments.parts.arithmetic_models import (build_static_model, member_generators,  # noqa: E402
+                                                           training_hooks)
 from nalu_cuda.experiments.registry import Context  # noqa: E402
 from nalu_cuda.experiments.parts.training import EvalSet, train_ensemble  # noqa: E402
 
@@ -85,7 +89,9 @@ def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: b
         return first if fixed_batch else stream.next()
 
     try:
-        train_ensemble(model, E, batch_fn, total, val, lr=1e-3, eval_every=total, ctx=ctx)
+        # the regulariser at full strength from step 0 (NMU model): its costliest phase
+        hooks = training_hooks(model, {"start": 0, "end": 1} if model_name == "nmu" else None, seeds)
+        train_ensemble(model, E, batch_fn, total, val, lr=1e-3, eval_every=total, ctx=ctx, **hooks)
     finally:
         stream.close()
     return steps / (time.perf_counter() - t0)
@@ -94,11 +100,13 @@ def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: b
 def _plain_rate(model_name: str, steps: int) -> float:
     """A minimal single-seed eager loop, as a user would write it (no ensemble, no checks)."""
     torch.manual_seed(0)
-    if model_name == "nac":
-        model = torch.nn.Sequential(nalu_cuda.NAC(I, 2, backend="reference"), nalu_cuda.NAC(2, 1, backend="reference"))
-    else:
-        model = torch.nn.Sequential(nalu_cuda.NALU(I, 2, backend="reference"), nalu_cuda.NALU(2, 1, backend="reference"))
+    layers = {"nac": (nalu_cuda.NAC, nalu_cuda.NAC), "nalu": (nalu_cuda.NALU, nalu_cuda.NALU),
+              "nmu": (nalu_cuda.NAU, nalu_cuda.NMU)}[model_name]
+    model = torch.nn.Sequential(layers[0](I, 2, backend="reference"), layers[1](2, 1, backend="reference"))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if model_name == "nmu":
+        nalu_cuda.project_after_step(opt, model)
+    reg = regularizers.PUBLISHED_SCHEDULES["nmu"].scale if model_name == "nmu" else 0.0
     mask = ar.subset_layout(0, I).mask()
 
     def run(n: int) -> float:
@@ -107,6 +115,8 @@ def _plain_rate(model_name: str, steps: int) -> float:
             x = torch.rand(B, I) + 1
             t = (x @ mask).sum(-1, keepdim=True)
             loss = torch.nn.functional.mse_loss(model(x), t)
+            if reg:
+                loss = loss + reg * regularizers.sparsity(model)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -120,7 +130,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2000, help="timed steps per measurement (default 2000)")
     ap.add_argument("--ensemble", type=int, default=100, help="seeds in the ensemble (default 100)")
-    ap.add_argument("--models", nargs="+", default=["nac", "nalu"], choices=["nac", "nalu"])
+    ap.add_argument("--models", nargs="+", default=["nac", "nalu"], choices=["nac", "nalu", "nmu"])
     ap.add_argument("--repeats", type=int, default=3, help="rounds (each times every configuration once); the median is reported")
     ap.add_argument("--quick", action="store_true", help="one repeat (smoke test)")
     ap.add_argument("--no-prefetch", action="store_true", help="draw data on the training thread")

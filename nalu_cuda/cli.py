@@ -26,6 +26,9 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, List, Optional, Sequence
 
+# The budgets of ``reproduce`` (see nalu_cuda.experiments.registry.Experiment.profiles).
+PROFILES = ("quick", "standard", "paper")
+
 __all__ = ["main", "build_parser", "positive_int", "non_negative_int", "positive_float", "non_negative_float",
            "finite_float", "comma_list", "directory", "mnist_directory", "device"]
 
@@ -181,15 +184,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(_experiment=exp.name)
     r = sub.add_parser("reproduce", help="run every experiment's profile and write one report",
                        description="Run the configurations of every registered experiment at a profile: 'quick' "
-                                   "(about 15 minutes for every experiment on 2 idle CPU cores) or 'paper' "
+                                   "(about 20 minutes for every experiment on 2 idle CPU cores), 'standard' "
+                                   "(the static task only: Madsen & Johansen's table at 100 seeds with budgets from "
+                                   "their solved-at statistics; see benchmarks/RESULTS.md for its cost) or 'paper' "
                                    "(the published budgets; days on a CPU, meant for a GPU).")
-    r.add_argument("--profile", choices=("quick", "paper"), default="quick", help="budget (default: quick)")
+    r.add_argument("--profile", choices=PROFILES, default="quick", help="budget (default: quick)")
     r.add_argument("--only", nargs="+", metavar="EXPERIMENT", default=None,
                    help=f"run only these experiments ({', '.join(e.name for e in all_experiments())})")
     _add_common(r, defaults_note="override every configuration's value")
     r.set_defaults(_experiment=None)
     ls = sub.add_parser("list", help="list the experiments and the configurations of a profile")
-    ls.add_argument("--profile", choices=("quick", "paper"), default="quick")
+    ls.add_argument("--profile", choices=PROFILES, default="quick")
     ls.set_defaults(_experiment="__list__")
     return parser
 
@@ -206,6 +211,8 @@ def _configs(args: argparse.Namespace):
             names = [n for n in names if n in args.only]
         cfgs = []
         for n in names:
+            if args.profile not in get(n).profiles:
+                continue
             for c in get(n).profile_configs(args.profile):
                 if args.seeds is not None:
                     c = replace(c, seeds=args.seeds)
@@ -227,6 +234,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .experiments import all_experiments
 
         for exp in all_experiments():
+            if args.profile not in exp.profiles:
+                continue
             cfgs = exp.profile_configs(args.profile)
             print(f"{exp.name}: {exp.help}")
             for c in cfgs:

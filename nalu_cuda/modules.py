@@ -384,7 +384,7 @@ class INALU(_PowerLayer):
     ``NALU(tied=False, gate="independent")``.
     Initialisation of the authors' scripts: ``W_hat``, ``W_hat_m`` ~ N(1, 0.1);
     ``M_hat``, ``M_hat_m`` ~ N(-1, 0.1); ``G`` ~ N(0, 0.1). Their re-initialisation on a stalled
-    loss and their regulariser are in :mod:`nalu_cuda.regularizers_power`.
+    loss and their regulariser are in :mod:`nalu_cuda.regularizers`.
     """
 
     def __init__(self, in_features: int, out_features: int, *, eps: float = DEFAULT_EPS,

@@ -9,7 +9,7 @@ import torch
 import nalu_cuda
 from nalu_cuda import functional as F
 from nalu_cuda import reference as R
-from nalu_cuda import regularizers_power as RP
+from nalu_cuda import regularizers as RP
 from nalu_cuda.testing import rand_input, rand_params, tolerances
 
 from .conftest import DEVICES

@@ -29,6 +29,8 @@ def register_task(module_name: str, *, name: str, help: str, order: int,
     their names (``summarize`` overrides the module's own, e.g. :func:`.stats.interval_summary`)."""
     mod = sys.modules[module_name]
     optional = {k: getattr(mod, k) for k in ("add_arguments", "report_section") if hasattr(mod, k)}
+    if hasattr(mod, "PROFILES"):
+        optional["profiles"] = tuple(mod.PROFILES)
     return register(Experiment(name=name, help=help, configs=mod.configs, profile_configs=mod.profile_configs,
                                run=mod.run, summarize=summarize or getattr(mod, "summarize", None), order=order,
                                **optional))

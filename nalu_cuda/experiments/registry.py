@@ -53,7 +53,7 @@ import argparse
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .stats import default_summary, wilson_interval  # noqa: F401  (part of the plugin interface)
 
@@ -186,6 +186,8 @@ class Experiment:
       operations trained as one ensemble: one record per operation).
     * ``report_section(results, out_dir) -> str``: Markdown for ``report.md`` (a default table).
     * ``order``: position in ``reproduce`` and in the report (lower first).
+    * ``profiles``: the profiles it has (``reproduce --profile standard`` runs only the experiments
+      that have one: the static task's, Madsen & Johansen's table at 100 seeds).
     """
 
     name: str
@@ -197,6 +199,7 @@ class Experiment:
     summarize: Optional[Callable[[Config, List[Dict[str, Any]], Dict[str, Any]], Dict[str, Any]]] = None
     report_section: Callable[[Sequence[ConfigResult], str], str] = _default_report
     order: int = 100
+    profiles: Tuple[str, ...] = ("quick", "paper")
 
     def summary(self, config: Config, records: List[Dict[str, Any]], extra: Dict[str, Any]):
         if self.summarize is None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -183,6 +183,34 @@ def as_range(r: Union["Range", Sequence], what: str = "range") -> Range:
     return parse_range(flat, what)
 
 
+# The regulariser flags (--reg-scale/--reg-start/--reg-end); None, the model's published schedule,
+# is left out of a configuration's stored parameters (configurations of earlier versions match).
+REG_DEFAULTS: Dict[str, Optional[float]] = {"reg_scale": None, "reg_start": None, "reg_end": None}
+
+
+def add_reg_arguments(parser) -> None:
+    """The regulariser flags of the static and recurrent tasks."""
+    from ...cli import non_negative_float
+
+    parser.add_argument("--reg-scale", type=non_negative_float, default=None, metavar="LAMBDA",
+                        help="regulariser weight at full strength (default: the model's published value; "
+                             "nau/nmu: 0.01/10, npu/realnpu: 1e-2, inalu: 1)")
+    parser.add_argument("--reg-start", type=non_negative_float, default=None, metavar="STEP",
+                        help="step at which the regulariser starts (default: published; nmu 1e6, nau 5e3)")
+    parser.add_argument("--reg-end", type=non_negative_float, default=None, metavar="STEP",
+                        help="step at which it reaches full strength (default: published; nmu 2e6, nau 5e4)")
+
+
+def reg_params(params: Dict, check: Callable[[str, Dict], Any]) -> None:
+    """Validate the regulariser overrides in ``params`` in place (``check(model, reg)`` raises on a
+    bad combination) and drop the ones left at None."""
+    reg = {k[4:]: params.get(k) for k in REG_DEFAULTS}
+    check(params["model"], reg)
+    for k in REG_DEFAULTS:
+        if params.get(k) is None:
+            params.pop(k, None)
+
+
 @dataclass(frozen=True)
 class TaskParams:
     """The parameters the static and recurrent tasks share, typed: one configuration's
@@ -208,10 +236,18 @@ class TaskParams:
     backend: str
     eps: float
     threshold_samples: int
+    reg_scale: Optional[float]
+    reg_start: Optional[float]
+    reg_end: Optional[float]
+
+    @property
+    def reg(self) -> Dict[str, Optional[float]]:
+        """The regulariser overrides (None: the model's published value), for ``training_hooks``."""
+        return {"scale": self.reg_scale, "start": self.reg_start, "end": self.reg_end}
 
     @classmethod
     def from_params(cls, params: Dict, defaults: Dict):
-        p = {**defaults, **params}
+        p = {**REG_DEFAULTS, **defaults, **params}
         p.update(ops=tuple(p["ops"]), interp=as_range(p["interp"], "interpolation range"),
                  extrap=as_range(p["extrap"], "extrapolation range"))
         cls._parse(p)

@@ -22,22 +22,36 @@ Johansen (2020); a model is ``first layer -> second layer``:
 ``nalu-separate``          separate weights for the multiplicative path, input gate
 ``nalu-indgate``           tied weights, input-independent gate ``sigmoid(g)``
 ``nalu-separate-indgate``  separate weights and an input-independent gate
+``nau`` (``nau-nau``)      NAU -> NAU (Madsen's "NAU model")
+``nmu``                    NAU -> NMU (Madsen's "NMU model")
+``npu``                    NAU -> NPU (the NPU as the multiplicative layer of Madsen's task)
+``realnpu``                NAU -> RealNPU
+``inalu``                  iNALU -> iNALU
 ``lstm`` ``gru``           recurrent task only: the cell -> Linear
 =========================  =========================================================
+
+The units after the NALU train with their published extras, each a field of
+:class:`ArithmeticUnit` (UNITS.md): a penalty and its schedule (Madsen's sparsity regulariser for
+NAU/NMU models, the NPU's stepwise L1, iNALU's regulariser once a member's loss is below 1), a
+projection after every optimiser step (NAU/NMU weights, the NPU gate), iNALU's gradient clipping by
+value and its re-initialisation of stalled members. :func:`training_hooks` turns them into the
+trainer's arguments.
 
 In the recurrent task the first layer is a recurrent cell over ``concat(x_t, h_{t-1})``, with a
 learned initial state (zeros at initialisation), and the second layer reads the final state.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 import nalu_cuda
+from nalu_cuda import regularizers as R
 
 from .layers import EnsembleLinear, GatedCell, Generators, lead_shape
 from .seeding import member_generators  # noqa: F401  (re-exported: the tasks' one seeding function)
@@ -48,6 +62,8 @@ __all__ = [
     "ARITHMETIC_UNITS",
     "ArithmeticUnit",
     "training_hooks",
+    "regularizer_schedule",
+    "MODEL_ALIASES",
     "MLP_MODELS",
     "RECURRENT_MODELS",
     "member_generators",
@@ -124,20 +140,30 @@ class EnsembleMLP(nn.Module):
         return self.layers(x)
 
 
+Schedule = Union[R.RegularizerSchedule, R.StepwiseSchedule]
+
+
 @dataclass(frozen=True)
 class ArithmeticUnit:
-    """One entry of :data:`ARITHMETIC_UNITS`: how a model name builds its arithmetic layers.
+    """One entry of :data:`ARITHMETIC_UNITS`: how a model name builds its arithmetic layers and
+    what its training adds to Adam on the squared loss.
 
     ``layer(in, out, *, ensemble, backend, eps, last)`` builds one layer (``last``: the model's
-    output layer). Two optional training hooks, for units that need them (none of today's do):
-    ``regularizer(model)`` gives a per-member penalty ``(E,)`` that the trainer adds to each
-    member's loss; ``project(model)`` runs after every optimiser step (under ``no_grad``), e.g. to
-    clamp weights into their allowed range. A new unit (NAU, NMU, ...) is one entry here.
+    output layer). ``penalty(model)`` is the unscaled per-member regulariser ``(E,)``, weighted by
+    ``schedule.weight(step)`` (the published schedule; ``--reg-scale/--reg-start/--reg-end``
+    replace it); with ``penalty_below`` it applies only to members whose batch loss is below that.
+    ``project``: call ``project_()`` of every layer that has one after each optimiser step.
+    ``clip_value``: clip every gradient element to ``[-clip_value, clip_value]``. ``reinit``:
+    re-draw the parameters of the members whose loss stalled (iNALU's rule).
     """
 
     layer: Callable[..., nn.Module]
-    regularizer: Optional[Callable[[nn.Module], Tensor]] = None
-    project: Optional[Callable[[nn.Module], None]] = None
+    penalty: Optional[Callable[[nn.Module], Tensor]] = None
+    schedule: Optional[Schedule] = None
+    penalty_below: Optional[float] = None
+    project: bool = False
+    clip_value: Optional[float] = None
+    reinit: bool = False
 
 
 def _nac(i: int, o: int, *, ensemble, backend: str, eps: float, last: bool) -> nn.Module:
@@ -158,6 +184,35 @@ def _nalu(tied: bool, gate: str) -> Callable[..., nn.Module]:
     return layer
 
 
+def _nau_then(last_layer: Optional[Callable[..., nn.Module]]) -> Callable[..., nn.Module]:
+    """NAU layers, ``last_layer`` (no eps: NAU, NMU; eps: the power units) as the output layer."""
+
+    def layer(i: int, o: int, *, ensemble, backend: str, eps: float, last: bool) -> nn.Module:
+        if not last or last_layer is None:
+            return nalu_cuda.NAU(i, o, ensemble=ensemble, backend=backend)
+        if last_layer is nalu_cuda.NMU:
+            return nalu_cuda.NMU(i, o, ensemble=ensemble, backend=backend)
+        return last_layer(i, o, eps=eps, ensemble=ensemble, backend=backend)
+
+    return layer
+
+
+def _inalu(i: int, o: int, *, ensemble, backend: str, eps: float, last: bool) -> nn.Module:
+    return nalu_cuda.INALU(i, o, eps=eps, ensemble=ensemble, backend=backend)
+
+
+def _npu_l1(model: nn.Module) -> Tensor:
+    return sum(R.npu_l1(m, ensemble=True) for m in model.modules() if isinstance(m, nalu_cuda.NPU))
+
+
+def _inalu_penalty(model: nn.Module) -> Tensor:
+    return sum(R.inalu_regularizer(m, ensemble=True) for m in model.modules() if isinstance(m, nalu_cuda.INALU))
+
+
+# iNALU's regulariser: on from "epoch 10" (here 1e4 steps: ten evaluation windows of 1e3 steps, the
+# static task's default) for the members whose batch loss is below 1; weight 1 (its 1/20 is inside).
+INALU_SCHEDULE = R.StepwiseSchedule(scale=1.0, start=1e4, end=1e4 + 1, stages=1)
+
 ARITHMETIC_UNITS: Dict[str, ArithmeticUnit] = {
     "nac": ArithmeticUnit(_nac),
     "nac-mul": ArithmeticUnit(_nac_mul),
@@ -165,7 +220,16 @@ ARITHMETIC_UNITS: Dict[str, ArithmeticUnit] = {
     "nalu-separate": ArithmeticUnit(_nalu(tied=False, gate="input")),
     "nalu-indgate": ArithmeticUnit(_nalu(tied=True, gate="independent")),
     "nalu-separate-indgate": ArithmeticUnit(_nalu(tied=False, gate="independent")),
+    "nau": ArithmeticUnit(_nau_then(None), lambda m: R.sparsity(m, ensemble=True),
+                          R.PUBLISHED_SCHEDULES["nau"], project=True),
+    "nmu": ArithmeticUnit(_nau_then(nalu_cuda.NMU), lambda m: R.sparsity(m, ensemble=True),
+                          R.PUBLISHED_SCHEDULES["nmu"], project=True),
+    "npu": ArithmeticUnit(_nau_then(nalu_cuda.NPU), _npu_l1, R.PUBLISHED_SCHEDULES["npu"], project=True),
+    "realnpu": ArithmeticUnit(_nau_then(nalu_cuda.RealNPU), _npu_l1, R.PUBLISHED_SCHEDULES["npu"], project=True),
+    "inalu": ArithmeticUnit(_inalu, _inalu_penalty, INALU_SCHEDULE, penalty_below=1.0, clip_value=0.1,
+                            reinit=True),
 }
+MODEL_ALIASES = {"nau-nau": "nau"}
 ARITHMETIC_MODELS = tuple(ARITHMETIC_UNITS)
 MLP_MODELS = ("linear",) + tuple(a for a in ACTIVATIONS if a != "none")
 RECURRENT_MODELS = ARITHMETIC_MODELS + ("lstm", "gru")
@@ -175,22 +239,70 @@ def _arith_layer(kind: str, i: int, o: int, ensemble, backend: str, last: bool, 
     return ARITHMETIC_UNITS[kind].layer(i, o, ensemble=ensemble, backend=backend, eps=eps, last=last)
 
 
-def training_hooks(model: nn.Module) -> Dict[str, Callable]:
-    """The trainer's ``regularizer`` / ``project`` arguments for a :class:`StackedNet` or
-    :class:`RecurrentNet` (empty for MLPs, LSTMs and today's units)."""
+def training_hooks(model: nn.Module, reg: Optional[Dict[str, Optional[float]]] = None,
+                   seeds: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+    """The trainer's ``regularizer`` / ``project`` / ``clip_value`` / ``reinit`` arguments for a
+    :class:`StackedNet` or :class:`RecurrentNet` (empty for MLPs, LSTMs, NAC and NALU models).
+
+    ``reg``: ``{"scale", "start", "end"}``, each None for the published value of the model's
+    schedule (see :func:`regularizer_schedule`). ``seeds``: the members' seeds, from which a
+    re-initialisation draws (purpose ``"reinit-<step>"``); required for iNALU models."""
     unit = ARITHMETIC_UNITS.get(getattr(model, "model", ""))
     if unit is None:
         return {}
-    hooks = {}
-    if unit.regularizer is not None:
-        hooks["regularizer"] = lambda: unit.regularizer(model)
-    if unit.project is not None:
-        hooks["project"] = lambda: unit.project(model)
+    hooks: Dict[str, Any] = {}
+    sched = regularizer_schedule(model.model, reg)
+    if unit.penalty is not None and sched is not None and sched.scale > 0:
+        below = unit.penalty_below
+
+        def regularizer(step: int, loss: Tensor) -> Optional[Tensor]:
+            w = sched.weight(step)
+            if w == 0:
+                return None
+            pen = w * unit.penalty(model)
+            return pen if below is None else torch.where(loss < below, pen, torch.zeros_like(pen))
+
+        hooks["regularizer"] = regularizer
+    if unit.project:
+        layers = [m for m in model.modules() if isinstance(m, (nalu_cuda.NAU, nalu_cuda.NMU, nalu_cuda.NPU))]
+        hooks["project"] = lambda: [m.project_() for m in layers]
+    if unit.clip_value is not None:
+        hooks["clip_value"] = unit.clip_value
+    if unit.reinit:
+        layers = [m for m in model.modules() if isinstance(m, nalu_cuda.INALU)]
+
+        if seeds is None:
+            raise ValueError(f"training_hooks: model {model.model!r} re-initialises stalled members and needs 'seeds'")
+
+        def reinit(members: List[int], step: int) -> None:
+            gens = member_generators([seeds[e] for e in members], f"reinit-{step}")
+            for e, gen in zip(members, gens):
+                for m in layers:
+                    R.inalu_reinitialize_(m, [e], generator=gen)
+
+        hooks["reinit"] = reinit
     return hooks
+
+
+def regularizer_schedule(model: str, reg: Optional[Dict[str, Optional[float]]] = None) -> Optional[Schedule]:
+    """The model's regulariser schedule: the published one, with any of ``reg``'s ``scale``,
+    ``start``, ``end`` that are not None in its place; None for a model without a regulariser."""
+    unit = ARITHMETIC_UNITS.get(model)
+    if unit is None or unit.schedule is None:
+        if reg and any(v is not None for v in reg.values()):
+            raise ValueError(f"model {model!r} has no regulariser: --reg-scale/--reg-start/--reg-end apply to "
+                             f"{', '.join(m for m, u in ARITHMETIC_UNITS.items() if u.schedule is not None)}")
+        return None
+    base = unit.schedule
+    over = {k: v for k, v in (reg or {}).items() if v is not None}
+    if not over:
+        return base
+    return dataclasses.replace(base, **{k: float(v) for k, v in over.items()})
 
 
 def check_model(name: str, allowed: Sequence[str]) -> str:
     key = str(name).strip().lower().replace("_", "-")
+    key = MODEL_ALIASES.get(key, key)
     if key == "leaky-relu":
         key = "leaky_relu"
     if key not in allowed:
@@ -338,27 +450,28 @@ def build_recurrent_model(model: str, input_size: int = 10, hidden: int = 2, *, 
 
 
 def arithmetic_weights(module: nn.Module) -> List[Tensor]:
-    """The effective weights ``W`` (and ``W_m`` of separate NALUs) of every NAC-family layer."""
+    """The effective weights of every arithmetic layer: ``W`` (and ``W_m`` of separate NALUs and
+    iNALUs) of the NAC family, ``W`` of NAU/NMU, ``W_r`` (and ``W_i``) of the power units."""
     out = []
     for m in module.modules():
-        if isinstance(m, (nalu_cuda.NAC, nalu_cuda.NACMul)):
+        if isinstance(m, (nalu_cuda.NAC, nalu_cuda.NACMul, nalu_cuda.NAU, nalu_cuda.NMU)):
             out.append(m.W)
         elif isinstance(m, nalu_cuda.NALU):
             out.append(m.W)
             if not m.tied:
                 out.append(m.W_m)
+        elif isinstance(m, nalu_cuda.INALU):
+            out += [m.W, m.W_m]
+        elif isinstance(m, nalu_cuda.NPU):
+            out += [w for w in (m.W_r, m.W_i) if w is not None]
     return out
 
 
 @torch.no_grad()
 def sparsity_error(module: nn.Module, ensemble: Optional[int]) -> Optional[Tensor]:
-    """``max_ij min(|W_ij|, |1 - |W_ij||)`` over the arithmetic layers, per member; None for MLPs."""
+    """Madsen's sparsity error (:func:`nalu_cuda.regularizers.sparsity_error`) over the arithmetic
+    layers, per member ``(E,)`` (``(1,)`` for a plain model); None for MLPs."""
     ws = arithmetic_weights(module)
     if not ws:
         return None
-    errs = []
-    for W in ws:
-        a = W.abs()
-        e = torch.minimum(a, (1 - a).abs())
-        errs.append(e.reshape(e.shape[0], -1).amax(1) if ensemble is not None else e.amax().reshape(1))
-    return torch.stack(errs, 0).amax(0)
+    return R.sparsity_error(ws, ensemble=ensemble is not None).reshape(-1)

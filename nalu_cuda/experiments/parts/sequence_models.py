@@ -112,7 +112,8 @@ class EnsembleUGRNN(GatedCell, _Recurrent):
 class RecurrentArithmetic(_Recurrent):
     """The paper's recurrent NAC / NALU: ``h_t = cell(concat(x_t, h_{t-1}))``, ``h_0 = 0``.
 
-    ``kind`` is ``"nac"`` (:class:`nalu_cuda.NAC`) or ``"nalu"`` (:class:`nalu_cuda.NALU`, the
+    ``kind`` is ``"nac"`` (:class:`nalu_cuda.NAC`), ``"nau"`` (:class:`nalu_cuda.NAU`: call
+    ``cell.project_()`` after each optimiser step, as the published runs do) or ``"nalu"`` (:class:`nalu_cuda.NALU`, the
     paper's tied weights and input-dependent gate); ``backend`` goes to the layer. The state is the
     output: there is no read-out layer, so a count or a sum lives in one linear unit of ``h``.
     """
@@ -123,11 +124,13 @@ class RecurrentArithmetic(_Recurrent):
         self.hidden_size, self.kind = hidden_size, kind
         if kind == "nac":
             self.cell = nalu_cuda.NAC(input_size + hidden_size, hidden_size, ensemble=ensemble, backend=backend)
+        elif kind == "nau":
+            self.cell = nalu_cuda.NAU(input_size + hidden_size, hidden_size, ensemble=ensemble, backend=backend)
         elif kind == "nalu":
             self.cell = nalu_cuda.NALU(input_size + hidden_size, hidden_size, ensemble=ensemble, backend=backend,
                                        **nalu_kwargs)
         else:
-            raise ValueError(f"RecurrentArithmetic: kind must be 'nac' or 'nalu', got {kind!r}")
+            raise ValueError(f"RecurrentArithmetic: kind must be 'nac', 'nau' or 'nalu', got {kind!r}")
 
     def reset_parameters(self, generator: Generators = None) -> None:
         self.cell.reset_parameters(list(generator))
@@ -142,7 +145,8 @@ class RecurrentArithmetic(_Recurrent):
         return torch.stack(outs, dim=2)
 
 
-RECURRENT_KINDS = ("lstm", "gru", "ugrnn", "nac", "nalu")
+ARITHMETIC_KINDS = ("nac", "nau", "nalu")
+RECURRENT_KINDS = ("lstm", "gru", "ugrnn") + ARITHMETIC_KINDS
 
 
 def make_recurrent(kind: str, ensemble: int, input_size: int, hidden_size: int, backend: str = "auto") -> _Recurrent:
@@ -153,6 +157,6 @@ def make_recurrent(kind: str, ensemble: int, input_size: int, hidden_size: int, 
         return EnsembleGRU(input_size, hidden_size, ensemble=ensemble)
     if kind == "ugrnn":
         return EnsembleUGRNN(input_size, hidden_size, ensemble=ensemble)
-    if kind in ("nac", "nalu"):
+    if kind in ARITHMETIC_KINDS:
         return RecurrentArithmetic(input_size, hidden_size, ensemble=ensemble, kind=kind, backend=backend)
     raise ValueError(f"unknown recurrent kind {kind!r}; expected one of {RECURRENT_KINDS}")

@@ -165,8 +165,11 @@ def train_ensemble(
     stream_state: Optional[Tuple[Callable[[], dict], Callable[[dict], None]]] = None,
     lr_milestones: Sequence[float] = (),
     lr_gamma: float = 0.1,
-    regularizer: Optional[Callable[[], Tensor]] = None,
+    regularizer: Optional[Callable[[int, Tensor], Optional[Tensor]]] = None,
     project: Optional[Callable[[], None]] = None,
+    clip_value: Optional[float] = None,
+    reinit: Optional[Callable[[List[int], int], None]] = None,
+    stall_min_steps: int = 10_000,
 ) -> TrainResult:
     """Train ``model`` (``(E, B, ...) -> (E, B, 1)``) for ``steps`` Adam steps.
 
@@ -176,10 +179,15 @@ def train_ensemble(
     stream's state, saved in checkpoints. ``lr_milestones``: fractions of ``steps`` after which
     the learning rate is multiplied by ``lr_gamma`` (none: constant, the published protocol).
 
-    Hooks for units that need them (see :class:`~.arithmetic_models.ArithmeticUnit`; today's
-    models use neither): ``regularizer()`` gives a per-member penalty ``(E,)`` added to each
-    member's training loss (not to the reported losses); ``project()`` runs after every optimiser
-    step, under ``no_grad`` (e.g. to clamp weights into their range).
+    Hooks for units that need them (see :class:`~.arithmetic_models.ArithmeticUnit` and
+    :func:`~.arithmetic_models.training_hooks`): ``regularizer(step, loss)`` gives a per-member
+    penalty ``(E,)`` added to each member's training loss (not to the reported losses), or None
+    when its weight is 0 at that step; ``project()`` runs after every optimiser step, under
+    ``no_grad`` (e.g. to clamp weights into their range); ``clip_value`` clips every gradient
+    element to ``[-clip_value, clip_value]``; ``reinit(members, step)`` re-draws the parameters of
+    the members whose training loss stalled (iNALU's rule, :func:`nalu_cuda.regularizers.inalu_stalled`,
+    applied at each evaluation to the mean losses of the evaluation windows since the member's last
+    re-initialisation, over at least ``stall_min_steps`` steps); their Adam moments restart at 0.
     """
     ctx = ctx or Context(device="cpu", work_dir=".", progress=False)
     params = [p for p in model.parameters()]
@@ -249,6 +257,22 @@ def train_ensemble(
             "stream": stream_state[0]() if stream_state is not None else None,
         })
 
+    def stalled_members(step: int) -> None:
+        """iNALU's re-initialisation of the members whose loss windows since their last one stalled."""
+        from nalu_cuda.regularizers import inalu_stalled
+
+        since = history.setdefault("reinit", [[0] * E])[-1]
+        min_windows = max(1, stall_min_steps // eval_every)
+        div = diverged.cpu()
+        members = [e for e in range(E) if not bool(div[e]) and inalu_stalled(
+            [row[1 + e] for row in history["loss"] if row[0] > since[e]], min_count=min_windows)]
+        if members:
+            reinit(members, step)
+            for i in range(len(params)):
+                for mom in opt.moment_views(i):
+                    mom[members] = 0.0
+            history["reinit"].append([step if e in members else since[e] for e in range(E)])
+
     if start == 0:
         evaluate(0)
     bar = progress_bar(steps, desc, ctx.progress, initial=start)
@@ -260,13 +284,16 @@ def train_ensemble(
             y = model(x)
             err = (y - target).reshape(E, -1)
             loss = (err * err).mean(1)
-            objective = loss if regularizer is None else loss + regularizer()
+            penalty = None if regularizer is None else regularizer(step, loss.detach())
+            objective = loss if penalty is None else loss + penalty
             bad = ~torch.isfinite(objective)
             diverged |= bad
             total = torch.where(diverged, torch.zeros_like(objective), objective).sum()
             opt.zero_grad()
             total.backward()
             opt.gather_grads()
+            if clip_value is not None:
+                opt.grad.clamp_(-clip_value, clip_value)
             if clip is None:
                 # Diverged members are frozen once known at an evaluation (any_diverged); from then
                 # on, so is every member that goes NaN/Inf, from its first bad step.
@@ -296,6 +323,8 @@ def train_ensemble(
                 loss_acc.zero_()
                 loss_n = 0
                 history["loss"].append([step] + final_loss.tolist())
+                if reinit is not None:
+                    stalled_members(step)
                 evaluate(step)
                 fl = final_loss[torch.isfinite(final_loss) & ~diverged.cpu()]
                 bar.set_postfix(loss=f"{fl.median().item():.3g}" if fl.numel() else "nan",

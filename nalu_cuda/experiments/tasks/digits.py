@@ -12,6 +12,9 @@ Models (``model``):
 
 * ``nac`` / ``nalu``: the paper's recurrent NAC / NALU, ``h_t = cell(concat(code_t, h_{t-1}))``;
   the state is the output (10 units for counting, 1 for addition), no read-out layer.
+* ``nau``: the same with Madsen & Johansen's NAU as the cell, its weights clamped to [-1, 1] after
+  every optimiser step (the published projection; no sparsity regulariser: none is published for
+  this task).
 * ``lstm`` / ``gru``: baselines with ``hidden`` units and a linear read-out of the last state.
 
 Everything is trained end to end (CNN included) with squared loss and Adam, all seeds as one
@@ -35,13 +38,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import nalu_cuda
+
 from ...cli import mnist_directory, non_negative_int, positive_int
 from .. import registry
 from ..parts.layers import EnsembleCNN, EnsembleLinear, ensemble_gather
 from ..parts.mnist_data import DigitImages, load_digit_images
 from ..parts.optim import EnsembleAdam
 from ..parts.seeding import member_generators
-from ..parts.sequence_models import make_recurrent
+from ..parts.sequence_models import ARITHMETIC_KINDS, make_recurrent
 from ..parts.training import train_sequence_ensemble
 from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting, task_model_configs
 from ..report import figure_lines, fmt_ci, fmt_num
@@ -49,7 +54,7 @@ from ..stats import interval_summary
 
 NAME = "digits"
 TASKS = ("counting", "addition")
-MODELS = ("nac", "nalu", "lstm", "gru")
+MODELS = ("nac", "nau", "nalu", "lstm", "gru")
 DEFAULT_LENGTHS = (1, 10, 100, 1000)
 # test sequences per length (fewer for the long ones: each one holds many digits)
 DEFAULT_TEST_SEQS = {1: 1000, 10: 400, 100: 100, 1000: 40}
@@ -110,7 +115,7 @@ class DigitSequenceModel(nn.Module):
         self.kind = model
         self.cnn = EnsembleCNN(tuple(image_shape), 10, ensemble=ensemble, channels=tuple(channels), hidden=cnn_hidden)
         self.code = EnsembleLinear(10, code, ensemble=ensemble)
-        if model in ("nac", "nalu"):
+        if model in ARITHMETIC_KINDS:
             self.rec = make_recurrent(model, ensemble, code, out, backend=backend)
             self.readout = None
         else:
@@ -128,7 +133,7 @@ class DigitSequenceModel(nn.Module):
             self.readout.reset_parameters(member_generators(seeds, 13))
 
     def arith_parameters(self) -> List[nn.Parameter]:
-        return list(self.rec.parameters()) if self.kind in ("nac", "nalu") else []
+        return list(self.rec.parameters()) if self.kind in ARITHMETIC_KINDS else []
 
     def encode(self, images: Tensor) -> Tensor:
         """``(E, N, H, W)`` -> codes ``(E, N, code)``."""
@@ -172,14 +177,16 @@ def _param_groups(model: DigitSequenceModel, ensemble: int, lr: float, arith_lr:
         opts.append(EnsembleAdam(rest, ensemble, lr, clip=clip))
     if arith:
         opts.append(EnsembleAdam(model.arith_parameters(), ensemble, arith_lr, clip=clip))
-    return _MultiOpt(opts)
+    return _MultiOpt(opts, [m for m in model.modules() if isinstance(m, nalu_cuda.NAU)])
 
 
 class _MultiOpt:
-    """Several :class:`EnsembleAdam` (one per learning rate) behind one interface."""
+    """Several :class:`EnsembleAdam` (one per learning rate) behind one interface; the ``projected``
+    units (NAU cells) are projected after every step."""
 
-    def __init__(self, opts) -> None:
+    def __init__(self, opts, projected=()) -> None:
         self.opts = opts
+        self.projected = list(projected)
 
     def zero_grad(self) -> None:
         for o in self.opts:
@@ -188,6 +195,8 @@ class _MultiOpt:
     def step(self) -> None:
         for o in self.opts:
             o.step()
+        for m in self.projected:
+            m.project_()
 
     def state_dict(self):
         return [o.state_dict() for o in self.opts]
@@ -230,7 +239,7 @@ def evaluate_lengths(model: DigitSequenceModel, task: str, images: Tensor, label
 def recurrent_weight_deviation(model: DigitSequenceModel) -> Optional[Tensor]:
     """Per member, ``max |W_hh - I|`` of a recurrent NAC/NALU's state-to-state block (the additive
     weights): an accumulator that extrapolates to length L needs this well below ``1 / L``."""
-    if model.kind not in ("nac", "nalu"):
+    if model.kind not in ARITHMETIC_KINDS:
         return None
     W = model.rec.cell.W.detach().float().cpu()  # (E, code + out, out)
     out = W.shape[-1]

@@ -26,7 +26,7 @@ import torch
 from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_models import (RECURRENT_MODELS, build_recurrent_model, check_model, member_generators,
-                                       sparsity_error, training_hooks)
+                                       regularizer_schedule, sparsity_error, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
 from ..parts.uniform_stream import SumTargets, UniformStream
 from ..plugin import register_task
@@ -73,7 +73,7 @@ def recurrent_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, 
     ops = [ar.canonical_op(o) for o in ops]
     if len(set(ops)) != len(ops):
         raise ValueError(f"operations repeat: {ops}")
-    unknown = set(params) - set(DEFAULTS)
+    unknown = set(params) - set(DEFAULTS) - set(ar.REG_DEFAULTS)
     if unknown:
         raise ValueError(f"unknown recurrent parameters {sorted(unknown)}")
     if seeds < 1:
@@ -95,6 +95,7 @@ def recurrent_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, 
     ar.subset_sizes(p["input_size"], p["subset_ratio"], p["overlap_ratio"])
     p["interp"], p["extrap"] = interp.to_list(), extrap.to_list()
     p["model"], p["ops"] = model, ops
+    ar.reg_params(p, regularizer_schedule)
     if name is None:
         name = f"{model}-{'+'.join(ops) if len(ops) < 6 else 'allops'}-T{p['train_length']}-to-T{p['extrap_length']}"
     return Config("recurrent", name, int(seeds), int(steps), p)
@@ -146,7 +147,7 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
         res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p.lr, eval_every=p.eval_every,
                              threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"recurrent {cfg.name}",
                              clip=p.clip, stream_state=(stream.state_dict, stream.load_state_dict),
-                             **training_hooks(model))
+                             **training_hooks(model, p.reg, member_seeds))
     finally:
         stream.close()
     model.load_state_dict(res.best_state)
@@ -237,6 +238,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-every", type=positive_int, default=DEFAULTS["eval_every"], help="default: 1000")
     parser.add_argument("--clip", type=positive_float, default=None,
                         help="per-member gradient-norm clipping (default: none)")
+    ar.add_reg_arguments(parser)
     parser.add_argument("--backend", choices=("auto", "fused", "reference"), default="auto")
 
 
@@ -248,7 +250,8 @@ def configs(args: argparse.Namespace) -> List[Config]:
     extrap = interp if args.extrap is None else ar.parse_range(args.extrap, "--extrap").to_list()
     return [recurrent_config(m, ops, seeds, steps, interp=interp, extrap=extrap, train_length=args.train_length,
                              extrap_length=args.extrap_length, lr=args.lr, eval_every=min(args.eval_every, steps),
-                             clip=args.clip, backend=args.backend) for m in args.model]
+                             clip=args.clip, backend=args.backend,
+                             reg_scale=args.reg_scale, reg_start=args.reg_start, reg_end=args.reg_end) for m in args.model]
 
 
 def profile_configs(profile: str) -> List[Config]:
