@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import nalu_cuda
+from nalu_cuda import reference
 
 from .layers import EnsembleLinear, GatedCell, Generators, lead_shape
 from .seeding import member_generators  # noqa: F401  (re-exported: the tasks' one seeding function)
@@ -338,16 +339,22 @@ def build_recurrent_model(model: str, input_size: int = 10, hidden: int = 2, *, 
 
 
 def arithmetic_weights(module: nn.Module) -> List[Tensor]:
-    """The effective weights ``W`` (and ``W_m`` of separate NALUs) of every NAC-family layer."""
+    """The effective weights ``W`` (and ``W_m`` of separate NALUs) of every NAC-family layer, one member
+    at a time: a member's weights are then the same bits whatever its ensemble's size (ATen computes
+    the last elements of a tensor in scalar code, whose tanh and sigmoid round differently)."""
     out = []
     for m in module.modules():
-        if isinstance(m, (nalu_cuda.NAC, nalu_cuda.NACMul)):
-            out.append(m.W)
-        elif isinstance(m, nalu_cuda.NALU):
-            out.append(m.W)
-            if not m.tied:
-                out.append(m.W_m)
+        if isinstance(m, (nalu_cuda.NAC, nalu_cuda.NACMul, nalu_cuda.NALU)):
+            out.append(_member_wise(m.W_hat, m.M_hat))
+            if isinstance(m, nalu_cuda.NALU) and not m.tied:
+                out.append(_member_wise(m.W_hat_m, m.M_hat_m))
     return out
+
+
+def _member_wise(W_hat: Tensor, M_hat: Tensor) -> Tensor:
+    if W_hat.dim() < 3:
+        return reference.nac_weight(W_hat, M_hat)
+    return torch.stack([reference.nac_weight(w, m) for w, m in zip(W_hat, M_hat)])
 
 
 @torch.no_grad()
