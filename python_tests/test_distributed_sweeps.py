@@ -17,6 +17,7 @@ from nalu_cuda import cli
 from nalu_cuda.experiments import distributed, outdir
 from nalu_cuda.experiments.outdir import OutputDir, RunError
 from nalu_cuda.experiments.registry import Config
+from nalu_cuda.experiments.tasks.static import static_config
 
 WORLD = 2
 TIMEOUT_S = 300  # two fresh interpreters importing torch on a busy machine
@@ -56,6 +57,27 @@ def test_estimated_cost():
     cfg = Config("static", "c", seeds=4, steps=100)
     assert distributed.estimated_cost(cfg) == 400 * distributed.COST_FACTORS["static"]
     assert distributed.estimated_cost(Config("digits", "d", 1, 10)) > distributed.estimated_cost(Config("static", "s", 1, 10))
+    nac, nalu, lstm = (distributed.estimated_cost(Config("recurrent", m, 4, 100, {"model": m})) for m in ("nac", "nalu", "lstm"))
+    assert nac < nalu < lstm
+    assert distributed.model_factor("iNALU") > distributed.model_factor("NAU") > distributed.model_factor("nac")
+    assert distributed.model_factor("relu6") == distributed.model_factor("linear") == distributed.MLP_FACTOR
+
+
+def test_split_rule_and_units():
+    assert distributed.split_rule(10.0, 8, 10.0) == 1  # a rank's share: the plan balances it whole
+    assert distributed.split_rule(25.0, 8, 10.0) == 3
+    assert distributed.split_rule(25.0, 2, 10.0) == 2  # at most one block per seed
+    big = static_config("nac", ["add"], 6, 100)
+    small = static_config("nac", ["sub"], 1, 100)
+    fresh = [[(False, False, [], [])] * 2] * 2
+    work = distributed.units([big, small], 2, fresh)  # share 350: the 600 of big in 2 blocks
+    assert [(u.index, u.block) for u in work] == [(0, (0, 3)), (0, (3, 6)), (1, None)]
+    # resumed by one rank: the finished block stays, the rest of the seeds is one new block
+    status = [[(False, False, [(0, 3)], []), (False, False, [], [])]]
+    assert [(u.block, u.done_at) for u in distributed.units([big, small], 1, status)][:2] == [((0, 3), (0,)), ((3, 6), ())]
+    # a configuration checkpointed whole continues whole
+    status = [[(False, True, [], []), (False, False, [], [])]] * 2
+    assert [u.block for u in distributed.units([big, small], 2, status)] == [None, None]
 
 
 def test_rank_device_and_restart(monkeypatch):
@@ -157,6 +179,29 @@ def test_sharded_sweep_equals_single_process(tmp_path):
     assert sorted(s["configs"] for s in meta["shards"]) == [2, 2]
     with open(os.path.join(sharded, "report.md")) as f:
         assert f"sharded over {WORLD} ranks" in f.read()
+
+
+def test_blocks_of_seeds_of_one_configuration_equal_single_process(tmp_path):
+    """One static configuration of 4 seeds on 2 ranks: two blocks of 2 seeds, one a rank, merged on
+    rank 0 into the result, summary and CSV of the single-process run."""
+    argv = ["static", "--model", "nalu", "--op", "add", "mul", "--seeds", "4", "--steps", "30", "--eval-every", "10",
+            "--n-test", "64", "--no-progress"]
+    sharded, single = str(tmp_path / "sharded"), str(tmp_path / "single")
+    assert _launch(argv + ["--out", sharded]) == [0, 0]
+    assert cli.main(argv + ["--out", single]) == 0
+    meta, records, csv_text = _numbers(sharded)
+    meta1, records1, csv_text1 = _numbers(single)
+    assert len(records) == 2 and records == records1 and csv_text == csv_text1
+    assert [(s["configs"], s["seed_blocks"]) for s in meta["shards"]] == [(0, 1), (0, 1)]
+    (name,) = os.listdir(os.path.join(sharded, "runs", "static"))
+    results = []
+    for out in (sharded, single):
+        with open(os.path.join(out, "runs", "static", name, "result.json")) as f:
+            data = json.load(f)
+        assert os.listdir(os.path.join(out, "runs", "static", name)) == ["result.json"]
+        results.append((data["records"], {k: v for k, v in data["extra"].items() if k != "train_wall_s"}))
+    assert results[0] == results[1]
+    assert data.get("seed_blocks") is None  # the single run's; the merged one names its blocks
 
 
 def test_killed_rank_then_resume_loses_nothing_finished(tmp_path):

@@ -17,20 +17,25 @@ How a run goes (every step is collective; a problem on any rank stops every rank
    rank before any work.
 3. The rules of :mod:`.runner` (existing results, ``--resume``, ``--overwrite``) are applied once per
    file system, by the rank that locked it.
-4. The plan: every rank reports which configurations it finds finished (a valid ``result.json``) or
-   started (a checkpoint) in its ``--out``; finished ones are kept by a rank that holds them, started
-   ones go to a rank that holds their checkpoint, and the rest are balanced by estimated cost
-   (:func:`estimated_cost`: seeds x steps x a per-experiment factor; the largest first, each to the
-   least loaded rank). The plan is a pure function of what every rank sees, so every rank computes
-   the same one.
-5. Every rank runs its shard exactly as a single process would (:func:`.runner.run_one`: the same
+4. The shards (:func:`units`): whole configurations, and blocks of seeds of a large one
+   (:mod:`.seed_blocks`; static, identity and recurrent only): a configuration whose estimated cost
+   exceeds a rank's fair share (the sweep's total / the number of ranks) is split into the fewest
+   even blocks that each fit in that share (:func:`split_rule`). The plan: every rank reports which
+   shards it finds finished (a valid ``result.json``) or started (a checkpoint) in its ``--out``;
+   finished ones are kept by a rank that holds them, started ones go to a rank that holds their
+   checkpoint (blocks found on disk are kept as they are, whatever the number of ranks now), and the
+   rest are balanced by estimated cost (:func:`estimated_cost`: seeds x steps x a per-experiment
+   factor x a per-model factor; the largest first, each to the least loaded rank). The plan is a
+   pure function of what every rank sees, so every rank computes the same one.
+5. Every rank runs its shards exactly as a single process would (:func:`.runner.run_one`: the same
    seeds and streams, the same ``result.json``, checkpoints for ``--resume``), then the results are
-   gathered on rank 0 (``dist.gather_object``: no shared file system needed), which also writes them
-   into its own ``runs/`` and rebuilds ``summary.json``, the CSVs and the report. ``meta`` in
+   gathered on rank 0 (``dist.gather_object``: no shared file system needed), which merges the blocks
+   of each configuration into its one ``result.json`` (the numbers of a single run of it), writes the
+   others into its own ``runs/`` and rebuilds ``summary.json``, the CSVs and the report. ``meta`` in
    ``summary.json`` (and the report) say how many ranks ran, on which devices, and the time each
    spent working, waiting for the others and gathering.
 
-Faults: a rank that dies loses only the configuration it was running (its finished ones are on its
+Faults: a rank that dies loses only the shard it was running (its finished ones are on its
 disk, and that one's checkpoint too). ``torchrun`` then stops the other ranks, which lose the same at
 most; under a launcher that does not, they finish their shards, rank 0 writes the outputs of what
 finished, and every rank exits with a :class:`RunError`. Rerun with ``--resume``, with any number of
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import socket
 import sys
@@ -53,11 +59,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from . import seed_blocks
 from .outdir import OutputDir, RunError
 from .registry import Config, ConfigResult
 
-__all__ = ["Ranks", "launched", "restart_count", "select_local_gpu", "init", "rank_device", "estimated_cost", "plan", "run_sharded",
-           "TIMEOUT", "COST_FACTORS"]
+__all__ = ["Ranks", "launched", "restart_count", "select_local_gpu", "init", "rank_device", "estimated_cost", "model_factor",
+           "split_rule", "units", "plan", "run_sharded", "TIMEOUT", "COST_FACTORS", "MODEL_FACTORS"]
 
 # The collectives carry results, not gradients: a rank waits at the gather for the slowest shard.
 TIMEOUT = _dt.timedelta(days=7)
@@ -66,6 +73,18 @@ TIMEOUT = _dt.timedelta(days=7)
 # the quick profile on a CPU. Only the balance of the shards depends on them, never a result.
 COST_FACTORS: Dict[str, float] = {"static": 1.0, "identity": 1.0, "parity": 1.0, "recurrent": 10.0,
                                   "programs": 10.0, "language": 20.0, "digits": 50.0}
+
+# Relative cost of a step per model (``params["model"]``; NAC = 1, an unlisted model 1.5), measured on a
+# 2-core CPU, 1 thread, with ``OMP_NUM_THREADS=1 python benchmarks/cost_factors.py`` (2026-12-01, a load of
+# about 4, so +-20%): whole static runs (8 seeds x 600 steps, one op) gave NAC-mul 1.08, NALU 1.45,
+# NALU separate/independent gate 1.58, the torch MLPs (linear, ReLU) 1.58-1.62; whole recurrent runs
+# LSTM 3.73 and GRU 3.70 against the recurrent NAC; a training step of a two-layer module stack (the
+# units no task builds yet) NAU 1.22, NMU 1.28, NPU 3.6, RealNPU 3.34, iNALU 4.89 against NAC's.
+MODEL_FACTORS: Dict[str, float] = {
+    "nac": 1.0, "nac-mul": 1.1, "nalu": 1.5, "nalu-separate": 1.6, "nalu-indgate": 1.6, "nalu-separate-indgate": 1.6,
+    "lstm": 3.7, "gru": 3.7, "nau": 1.2, "nmu": 1.3, "npu": 3.6, "realnpu": 3.3, "real-npu": 3.3, "inalu": 4.9,
+}
+MLP_FACTOR = 1.6  # linear, relu, relu6 and the other activations: torch's batched products
 
 
 @dataclass(frozen=True)
@@ -121,9 +140,34 @@ def init(device: str) -> Ranks:
     return Ranks(dist.get_rank(), dist.get_world_size(), local_rank, dist.get_backend())
 
 
+def model_factor(model: Any) -> float:
+    """:data:`MODEL_FACTORS` of a model name (any case, ``_`` for ``-``); 1 without a model,
+    :data:`MLP_FACTOR` for an activation, 1.5 for a model not measured."""
+    if not isinstance(model, str):
+        return 1.0
+    key = model.strip().lower().replace("_", "-")
+    if key in MODEL_FACTORS:
+        return MODEL_FACTORS[key]
+    from .parts.arithmetic_models import ACTIVATIONS
+
+    return MLP_FACTOR if key in ("linear", "none") or key.replace("-", "_") in ACTIVATIONS else 1.5
+
+
 def estimated_cost(cfg: Config) -> float:
-    """Seeds x steps x :data:`COST_FACTORS` of the experiment (1 for one not listed)."""
-    return cfg.seeds * cfg.steps * COST_FACTORS.get(cfg.experiment, 1.0)
+    """Seeds x steps x :data:`COST_FACTORS` of the experiment (1 for one not listed) x the model's
+    factor (:func:`model_factor`). A block of seeds costs its share of its configuration's seeds."""
+    return cfg.seeds * cfg.steps * COST_FACTORS.get(cfg.experiment, 1.0) * model_factor(cfg.params.get("model"))
+
+
+def split_rule(cost: float, seeds: int, share: float) -> int:
+    """How many blocks of seeds a configuration that can split (:func:`.seed_blocks.splittable`) is run
+    as: 1 while its estimated ``cost`` is at most a rank's fair ``share`` (the sweep's total cost / the
+    number of ranks), else the fewest blocks that each fit in that share, ``ceil(cost / share)``, at most
+    one per seed. (Smaller ensembles train fewer seed-steps per second, so nothing is split that the
+    plan can balance whole.)"""
+    if share <= 0 or cost <= share * (1 + 1e-9):
+        return 1
+    return max(1, min(seeds, math.ceil(cost / share - 1e-9)))
 
 
 def plan(costs: Sequence[float], world_size: int, done_at: Sequence[Sequence[int]] = (),
@@ -188,17 +232,76 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def _local_status(configs: Sequence[Config], out_dir: str) -> Tuple[List[bool], List[bool]]:
-    """Per configuration: a valid result of it in ``out_dir``; a checkpoint of it there."""
+def _local_status(configs: Sequence[Config], out_dir: str) -> List[Tuple[bool, bool, list, list]]:
+    """Per configuration: a valid result of it in ``out_dir``; a checkpoint of it there; its blocks of
+    seeds there, finished and started."""
     from .runner import _load_result, checkpoint_path, result_path
 
-    done, started = [], []
+    status = []
     for cfg in configs:
         rp = result_path(out_dir, cfg)
         data, problem = _load_result(rp) if os.path.exists(rp) else (None, "absent")
-        done.append(problem is None and data["fingerprint"] == cfg.fingerprint())
-        started.append(os.path.exists(checkpoint_path(out_dir, cfg)))
-    return done, started
+        blocks = seed_blocks.on_disk(out_dir, cfg)[:2] if seed_blocks.splittable(cfg) else ([], [])
+        status.append((problem is None and data["fingerprint"] == cfg.fingerprint(),
+                       os.path.exists(checkpoint_path(out_dir, cfg)), *blocks))
+    return status
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One shard of the plan: configuration ``index`` whole (``block`` None) or its seeds ``block``."""
+
+    index: int
+    block: Optional[Tuple[int, int]]
+    config: Config
+    done_at: Tuple[int, ...]
+    checkpoint_at: Tuple[int, ...]
+
+
+def units(configs: Sequence[Config], world_size: int, status: Sequence[Sequence[Any]]) -> List[Unit]:
+    """The shards of a sweep, from every rank's :func:`_local_status` (``status[rank][config]``): a
+    configuration that some rank finished or checkpointed whole stays whole; one with blocks of seeds on
+    some rank continues from them (the finished, then the started, new blocks for the seeds not in
+    them); otherwise a configuration that can split is split by :func:`split_rule`."""
+    ranks = range(world_size)
+    share = sum(estimated_cost(c) for c in configs) / world_size
+    out: List[Unit] = []
+    for i, cfg in enumerate(configs):
+        done = tuple(r for r in ranks if status[r][i][0])
+        ckpt = tuple(r for r in ranks if status[r][i][1])
+        bdone = sorted({tuple(b) for r in ranks for b in status[r][i][2]})
+        bstarted = sorted({tuple(b) for r in ranks for b in status[r][i][3]})
+        cost = estimated_cost(cfg)
+        if done or ckpt or not seed_blocks.splittable(cfg) or \
+                (not bdone and not bstarted and split_rule(cost, cfg.seeds, share) == 1):
+            out.append(Unit(i, None, cfg, done, ckpt))
+            continue
+        blocks = seed_blocks.layout(cfg.seeds, bdone, bstarted,
+                                    lambda lo, hi: split_rule(cost * (hi - lo) / cfg.seeds, hi - lo, share))
+        for lo, hi in blocks:
+            out.append(Unit(i, (lo, hi), seed_blocks.block_config(cfg, lo, hi),
+                            tuple(r for r in ranks if (lo, hi) in status[r][i][2]),
+                            tuple(r for r in ranks if (lo, hi) in status[r][i][3])))
+    return out
+
+
+def _merge_blocks(configs: Sequence[Config], work: Sequence[Unit], texts: Dict[str, str], out_dir: str) -> List[str]:
+    """On rank 0: every configuration whose blocks of seeds all finished gets its merged ``result.json``
+    (:func:`.runner.write_merged`); returns the problems, as failures of the run."""
+    from . import runner
+
+    problems = []
+    by_config: Dict[int, List[Unit]] = {}
+    for unit in work:
+        if unit.block is not None:
+            by_config.setdefault(unit.index, []).append(unit)
+    for i, blocks in by_config.items():
+        if all(u.config.key in texts for u in blocks):
+            try:
+                runner.write_merged(configs[i], out_dir, [(u.block, json.loads(texts[u.config.key])) for u in blocks])
+            except RunError as exc:
+                problems.append(f"rank 0: {exc}")
+    return problems
 
 
 def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device: str, resume: bool, overwrite: bool,
@@ -231,12 +334,14 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
         _agree(problem, ranks)
         status: List[Any] = [None] * ranks.world_size
         dist.all_gather_object(status, _local_status(configs, out_dir))
-        done_at = [[r for r in range(ranks.world_size) if status[r][0][i]] for i in range(len(configs))]
-        ckpt_at = [[r for r in range(ranks.world_size) if status[r][1][i]] for i in range(len(configs))]
-        shards = plan([estimated_cost(c) for c in configs], ranks.world_size, done_at, ckpt_at)
-        mine = shards[ranks.rank]
-        rank_log(f"{len(mine)} of {len(configs)} configurations on {my_device} "
-                 f"({sum(estimated_cost(configs[i]) for i in mine):.3g} of "
+        work = units(configs, ranks.world_size, status)
+        shards = plan([estimated_cost(u.config) for u in work], ranks.world_size, [u.done_at for u in work],
+                      [u.checkpoint_at for u in work])
+        mine = [work[k] for k in shards[ranks.rank]]
+        n_blocks = sum(u.block is not None for u in mine)
+        rank_log(f"{len(mine) - n_blocks} of {len(configs)} configurations"
+                 + (f" and {n_blocks} blocks of seeds" if n_blocks else "") + f" on {my_device} "
+                 f"({sum(estimated_cost(u.config) for u in mine):.3g} of "
                  f"{sum(estimated_cost(c) for c in configs):.3g} estimated cost)")
 
         # Work: this rank's shard, as a single process would run it.
@@ -244,8 +349,8 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
         texts: Dict[str, str] = {}
         failure = None
         last_report = -float("inf")
-        for n, i in enumerate(mine):
-            cfg = configs[i]
+        for n, unit in enumerate(mine):
+            cfg = unit.config
             rank_log(f"[{n + 1}/{len(mine)}] {cfg.key}: {cfg.seeds} seeds x {cfg.steps} steps")
             try:
                 r = runner.run_one(cfg, out_dir, device=my_device, resume=resume, overwrite=overwrite,
@@ -268,7 +373,8 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
             dist.barrier()
             t_gather = time.perf_counter()
             shard_info = {"rank": ranks.rank, "host": socket.gethostname(), "device": my_device,
-                          "configs": len(mine), "work_s": work_s, "wait_s": t_gather - t_wait, "failure": failure}
+                          "configs": len(mine) - n_blocks, "seed_blocks": n_blocks, "work_s": work_s,
+                          "wait_s": t_gather - t_wait, "failure": failure}
             gathered: Optional[List[Any]] = [None] * ranks.world_size if ranks.rank == 0 else None
             dist.gather_object((shard_info, texts), gathered, dst=0)
         except (RuntimeError, dist.DistError) as exc:  # a rank died: what this one finished is on its disk
@@ -276,21 +382,24 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
             if ranks.rank == 0:  # summary.json and the CSVs of every result in its --out
                 runner.write_outputs(out_dir, meta=meta, order=names, report=False, outdir=od)
             raise RunError(f"rank {ranks.rank} lost the process group while gathering ({why}): another rank "
-                           f"died. Its finished configurations ({len(texts)} of this rank's {len(mine)}) are kept "
+                           f"died. Its finished shards ({len(texts)} of this rank's {len(mine)}) are kept "
                            f"in {out_dir}; rerun with --resume, with any number of ranks") from None
         gather_s = time.perf_counter() - t_gather
         failures = None
         results: List[ConfigResult] = []
         if ranks.rank == 0:
             assert gathered is not None
-            for _, their_texts in gathered:
-                for key, text in their_texts.items():
-                    cfg = configs[names.index(key)]
-                    rp = runner.result_path(out_dir, cfg)
-                    if not os.path.exists(rp) or _read(rp) != text:  # a rank with its own file system
-                        runner.atomic_write_text(rp, text)
+            texts = {key: text for _, their_texts in gathered for key, text in their_texts.items()}
             infos = [info for info, _ in gathered]
             failures = [f"rank {info['rank']}: {info['failure']}" for info in infos if info["failure"]]
+            failures += _merge_blocks(configs, work, texts, out_dir)
+            for unit in work:  # the results of ranks with their own file systems; blocks not merged
+                text = texts.get(unit.config.key)
+                rp = runner.result_path(out_dir, unit.config)
+                merged = unit.block is not None and os.path.exists(runner.result_path(out_dir, configs[unit.index]))
+                if text is not None and not merged and (not os.path.exists(rp) or _read(rp) != text):
+                    os.makedirs(os.path.dirname(rp), exist_ok=True)
+                    runner.atomic_write_text(rp, text)
             meta = dict(meta or {})
             meta.update(ranks=ranks.world_size, backend=ranks.backend, shards=infos, gather_s=gather_s,
                         invocation_wall_s=time.perf_counter() - t_start)

@@ -47,6 +47,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from . import seed_blocks
 from .outdir import OutputDir, RunError, atomic_write
 from .registry import Config, ConfigResult, Context, RunOutput, all_experiments, get
 
@@ -221,6 +222,7 @@ def _existing(cfg: Config, out_dir: str, *, resume: bool, overwrite: bool, log) 
     result aside (with a warning) and checks the checkpoint it will continue from."""
     rp, ck = result_path(out_dir, cfg), checkpoint_path(out_dir, cfg)
     fp = cfg.fingerprint()
+    seed_blocks.check_existing(cfg, out_dir, resume=resume, overwrite=overwrite)
     if overwrite:
         for p in (rp, ck):
             if os.path.exists(p):
@@ -258,11 +260,17 @@ def run_one(cfg: Config, out_dir: str, *, device: str = "cpu", resume: bool = Fa
     """Run (or, with ``resume``, reuse) one configuration; returns its result."""
     exp = get(cfg.experiment)
     rp, ck = result_path(out_dir, cfg), checkpoint_path(out_dir, cfg)
-    fp = cfg.fingerprint()
     kept = _existing(cfg, out_dir, resume=resume, overwrite=overwrite, log=log)
     if kept is not None:
         log(f"[skip] {cfg.key}: finished earlier (kept)")
         return _result_from_data(kept)
+    if resume and not os.path.exists(ck):  # blocks of seeds that a sharded run finished or started
+        done, started, _ = seed_blocks.on_disk(out_dir, cfg)
+        if done or started:
+            blocks = seed_blocks.layout(cfg.seeds, done, started, lambda lo, hi: 1)
+            log(f"{cfg.key}: continuing from its blocks of seeds ({len(done)} of {len(blocks)} finished)")
+            return seed_blocks.run_blocks(cfg, out_dir, blocks, device=device, resume=True, progress=progress,
+                                          log=log, checkpoint_every_s=checkpoint_every_s)
     os.makedirs(config_dir(out_dir, cfg), exist_ok=True)
     ctx = _make_context(out_dir, cfg, device, progress, resume, log, checkpoint_every_s)
     resuming = resume and os.path.exists(ck)
@@ -275,18 +283,43 @@ def run_one(cfg: Config, out_dir: str, *, device: str = "cpu", resume: bool = Fa
         why = " ".join(str(exc).split())
         raise RunError(f"checkpoint {ck} does not fit the model of {cfg.key} ({why}); delete it, or rerun with "
                        "--overwrite to start this configuration again") from None
-    wall = time.perf_counter() - t0
-    summ = exp.summary(cfg, out.records, out.extra)
+    more = {"nonfinite": seed_blocks.nonfinite(out.records)} if seed_blocks.is_block(cfg) else {}
+    return _write_result(cfg, out_dir, out, time.perf_counter() - t0, device, more)
+
+
+def _write_result(cfg: Config, out_dir: str, out: RunOutput, wall: float, device: str,
+                  more: Optional[Dict[str, Any]] = None) -> ConfigResult:
+    """Summarise ``out`` and write ``cfg``'s ``result.json`` (atomically); its checkpoint goes."""
+    rp, ck = result_path(out_dir, cfg), checkpoint_path(out_dir, cfg)
+    summ = get(cfg.experiment).summary(cfg, out.records, out.extra)
     summaries = summ if isinstance(summ, list) else [summ]
     for s in summaries:
         s.setdefault("wall_s", wall)
-    data = {"version": RESULT_VERSION, "fingerprint": fp, "config": cfg.to_dict(), "records": out.records,
-            "extra": out.extra, "summaries": summaries, "wall_s": wall, "device": device,
-            "finished": _dt.datetime.now().isoformat(timespec="seconds")}
+    data = {"version": RESULT_VERSION, "fingerprint": cfg.fingerprint(), "config": cfg.to_dict(),
+            "records": out.records, "extra": out.extra, "summaries": summaries, "wall_s": wall, "device": device,
+            "finished": _dt.datetime.now().isoformat(timespec="seconds"), **(more or {})}
     atomic_write_text(rp, dumps(data))
     if os.path.exists(ck):
         os.unlink(ck)
     return _result_from_data(json.loads(dumps(data)))
+
+
+def read_result(path: str) -> Dict[str, Any]:
+    """A valid ``result.json``'s data (a :class:`RunError` naming what is wrong otherwise)."""
+    data, problem = _load_result(path)
+    if problem is not None:
+        raise RunError(f"result file {path} is damaged ({problem})")
+    return data
+
+
+def write_merged(cfg: Config, out_dir: str, parts) -> ConfigResult:
+    """Write ``cfg``'s result from its blocks of seeds (``[((lo, hi), result data), ...]``, see
+    :func:`.seed_blocks.merge`), then remove the block directories."""
+    out, wall, device = seed_blocks.merge(cfg, parts)
+    os.makedirs(config_dir(out_dir, cfg), exist_ok=True)
+    r = _write_result(cfg, out_dir, out, wall, device, {"seed_blocks": [list(b) for b, _ in sorted(parts)]})
+    seed_blocks.remove_blocks(out_dir, cfg)
+    return r
 
 
 def _result_files(out_dir: str) -> List[str]:

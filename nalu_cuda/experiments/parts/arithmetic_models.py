@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import nalu_cuda
+from nalu_cuda import reference
 from nalu_cuda import regularizers as R
 
 from .layers import EnsembleLinear, GatedCell, Generators, lead_shape
@@ -451,20 +452,27 @@ def build_recurrent_model(model: str, input_size: int = 10, hidden: int = 2, *, 
 
 def arithmetic_weights(module: nn.Module) -> List[Tensor]:
     """The effective weights of every arithmetic layer: ``W`` (and ``W_m`` of separate NALUs and
-    iNALUs) of the NAC family, ``W`` of NAU/NMU, ``W_r`` (and ``W_i``) of the power units."""
+    iNALUs) of the NAC family, ``W`` of NAU/NMU, ``W_r`` (and ``W_i``) of the power units. The
+    tanh * sigmoid weights are computed one member at a time: a member's weights are then the same
+    bits whatever its ensemble's size (ATen computes the last elements of a tensor in scalar code,
+    whose tanh and sigmoid round differently)."""
     out = []
     for m in module.modules():
-        if isinstance(m, (nalu_cuda.NAC, nalu_cuda.NACMul, nalu_cuda.NAU, nalu_cuda.NMU)):
+        if isinstance(m, (nalu_cuda.NAC, nalu_cuda.NACMul, nalu_cuda.NALU, nalu_cuda.INALU)):
+            out.append(_member_wise(m.W_hat, m.M_hat))
+            if isinstance(m, nalu_cuda.INALU) or (isinstance(m, nalu_cuda.NALU) and not m.tied):
+                out.append(_member_wise(m.W_hat_m, m.M_hat_m))
+        elif isinstance(m, (nalu_cuda.NAU, nalu_cuda.NMU)):
             out.append(m.W)
-        elif isinstance(m, nalu_cuda.NALU):
-            out.append(m.W)
-            if not m.tied:
-                out.append(m.W_m)
-        elif isinstance(m, nalu_cuda.INALU):
-            out += [m.W, m.W_m]
         elif isinstance(m, nalu_cuda.NPU):
             out += [w for w in (m.W_r, m.W_i) if w is not None]
     return out
+
+
+def _member_wise(W_hat: Tensor, M_hat: Tensor) -> Tensor:
+    if W_hat.dim() < 3:
+        return reference.nac_weight(W_hat, M_hat)
+    return torch.stack([reference.nac_weight(w, m) for w, m in zip(W_hat, M_hat)])
 
 
 @torch.no_grad()

@@ -148,10 +148,18 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
             "interp_mse": float(res.best_val[k]), "extrap_mse": float((abs_err[k] ** 2).mean()),
             "final_train_loss": float(res.final_loss[k]),
         })
-    ok = ~res.diverged
-    curve = abs_err[ok].mean(0) if bool(ok.any()) else torch.full_like(grid, math.nan)
-    extra = {"fig_x": grid[::2].tolist(), "fig_abs_err_mean": curve[::2].tolist(), "train_wall_s": res.wall_s}
+    fig_err = abs_err[:, ::2]
+    extra = {"fig_x": grid[::2].tolist(), "fig_abs_err_mean": mean_abs_error_curve(fig_err, res.diverged).tolist(),
+             "fig_abs_err": fig_err.tolist(), "train_wall_s": res.wall_s}
     return RunOutput(records, extra)
+
+
+def mean_abs_error_curve(abs_err: torch.Tensor, diverged: torch.Tensor) -> torch.Tensor:
+    """Fig. 1's curve: the mean over the members that did not diverge of ``abs_err`` ``(S, P)`` (NaN
+    where every member diverged). ``fig_abs_err`` keeps every member's row, from which
+    :mod:`..seed_blocks` merges the curve of blocks of seeds."""
+    ok = ~diverged
+    return abs_err[ok].mean(0) if bool(ok.any()) else torch.full_like(abs_err[0], math.nan)
 
 
 def summarize(cfg: Config, records: List[Dict[str, Any]], extra: Dict[str, Any]) -> Dict[str, Any]:

@@ -208,16 +208,18 @@ def _length_curve(model, p: RecurrentParams, ops, masks, interp, S, dev, diverge
     E = len(ops) * S
     lengths = list(p.curve_lengths)
     med: Dict[str, List[Optional[float]]] = {op: [] for op in ops}
+    members = []  # every member's MSE, from which seed_blocks merges the curve of blocks of seeds
     for length in lengths:
         rng = np.random.default_rng(ar.seed_for(p.data_seed, f"rec-curve-{length}"))
         x = torch.from_numpy(interp.sample(rng, (n, length, p.input_size))).float()
         mse = evaluate_mse(model, EvalSet("curve", x.to(dev), _shared_targets(x, masks, ops).to(dev), batch=500,
                                           shared=True), E)
+        members.append(mse.tolist())
         for j, op in enumerate(ops):
             m = mse[j * S:(j + 1) * S][~diverged[j * S:(j + 1) * S]]
             m = m[torch.isfinite(m)]
             med[op].append(float(m.median()) if m.numel() else None)
-    return {"lengths": lengths, "median_mse": med}
+    return {"lengths": lengths, "median_mse": med, "member_mse": members}
 
 
 # ------------------------------------------------------------------------------------------------

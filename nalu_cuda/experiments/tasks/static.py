@@ -223,10 +223,12 @@ RANGE_SCALES = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
 @torch.no_grad()
 def _range_curve(model, p: StaticParams, ops, masks, interp: ar.Range, S: int, dev, diverged, n: int = 1000) -> Dict[str, Any]:
-    """Median (over non-diverged seeds) MSE on the training range scaled by each of RANGE_SCALES."""
+    """Median (over non-diverged seeds) MSE on the training range scaled by each of RANGE_SCALES (and
+    every member's MSE, from which :mod:`..seed_blocks` merges the curve of blocks of seeds)."""
     I = p.input_size
     E = len(ops) * S
     med: Dict[str, List[Optional[float]]] = {op: [] for op in ops}
+    members = []
     for k, sc in enumerate(RANGE_SCALES):
         rng_range = ar.Range(tuple((lo * sc, hi * sc) for lo, hi in interp.intervals))
         rng = np.random.default_rng(ar.seed_for(p.data_seed, f"range-{k}"))
@@ -234,11 +236,12 @@ def _range_curve(model, p: StaticParams, ops, masks, interp: ar.Range, S: int, d
         ab = torch.bmm(x.double().unsqueeze(0).expand(S, n, I), masks.double())
         t = torch.cat([ar.apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 0).unsqueeze(-1).float()
         mse = evaluate_mse(model, EvalSet("range", x.to(dev), t.to(dev)), E)
+        members.append(mse.tolist())
         for j, op in enumerate(ops):
             m = mse[j * S:(j + 1) * S][~diverged[j * S:(j + 1) * S]]
             m = m[torch.isfinite(m)]
             med[op].append(float(m.median()) if m.numel() else None)
-    return {"scales": list(RANGE_SCALES), "median_mse": med}
+    return {"scales": list(RANGE_SCALES), "median_mse": med, "member_mse": members}
 
 
 def _thin_history(h: List[List[float]], max_points: int = 60) -> List[List[float]]:
