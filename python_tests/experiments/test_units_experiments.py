@@ -198,3 +198,17 @@ def test_report_published_table_and_verdicts(tmp_path):
     nalu = next(line for line in text.splitlines() if line.startswith("| NALU also solves"))
     assert "**does not hold**" in nalu  # Madsen's 5e6 steps give 0% too: no budget excuse
     assert "Deviations from the published schedules" in text and "from step 30000 to 60000" in text
+
+
+def test_standard_profile_is_madsens_table_at_100_seeds(tmp_path):
+    from nalu_cuda.cli import _configs, build_parser
+
+    cfgs = _configs(build_parser().parse_args(["reproduce", "--profile", "standard", "--out", str(tmp_path)]))
+    assert {c.experiment for c in cfgs} == {"static"} and all(c.seeds == 100 for c in cfgs)
+    nmu = next(c for c in cfgs if c.params["model"] == "nmu")
+    assert nmu.steps == 3_000_000 and not any(k.startswith("reg_") for k in nmu.params)  # published schedule
+    quick = _configs(build_parser().parse_args(["reproduce", "--profile", "quick", "--only", "static",
+                                                "--out", str(tmp_path)]))
+    models = {c.params["model"]: c for c in quick}
+    assert {"nau", "nmu", "npu", "realnpu"} <= set(models)
+    assert models["nmu"].params["reg_end"] < 1e6  # the compressed schedule, reported as a deviation
