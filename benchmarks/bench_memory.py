@@ -122,8 +122,9 @@ def compare(args, grads) -> int:
         for gx in grads:
             for key, root in trees.items():
                 r = run_variant("fused", args, gx, root)
-                if os.path.realpath(r["nalu_cuda_root"]) != os.path.realpath(root):
-                    raise RuntimeError(f"the child imported nalu_cuda from {r['nalu_cuda']}, not {root}")
+                imported = r.pop("nalu_cuda_root")  # a path of this machine: checked, not written
+                if os.path.realpath(imported) != os.path.realpath(root):
+                    raise RuntimeError(f"the child imported nalu_cuda from {imported}, not {root}")
                 rows.append({**r, "tree": key, "commit": commits[key], "round": rnd, "peak_gb": r["peak_bytes"] / 1e9})
                 print(f"round {rnd} x-grad {'yes' if gx else 'no'} {commits[key]}: {r['step_s']:.2f} s, "
                       f"{r['peak_bytes'] / 1e9:.3f} GB", flush=True)
