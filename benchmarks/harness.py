@@ -188,13 +188,18 @@ def gpu_description() -> Dict[str, object]:
     return d
 
 
+def commit(root: str = ROOT) -> Optional[str]:
+    """The short commit of the git tree at `root` (None outside one)."""
+    return _run(["git", "-C", root, "rev-parse", "--short", "HEAD"])
+
+
 def machine(device: str = "cpu", **extra) -> Dict[str, object]:
     """What every results file records besides its command."""
     import nalu_cuda
 
     m: Dict[str, object] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": os.environ.get("NALU_CUDA_COMMIT") or _run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]),
+        "commit": os.environ.get("NALU_CUDA_COMMIT") or commit(),
         "cpu": _cpu_model(),
         "cpu_flags": _cpu_flags(),
         "cpus": os.cpu_count(),

@@ -228,44 +228,100 @@ def _register_fakes() -> None:
         )
 
 
-def _matmul_flops(x_shape, W_shape) -> int:
-    """Flops of x W (2 per multiply-add), as torch.utils.flop_counter counts the reference's mm/bmm:
-    every row of x (ensemble members included) times an (I, O) matrix."""
+def _terms(x_shape, W_shape) -> int:
+    """Terms of x W (or factors of a product unit): every row of x (ensemble members included)
+    against an (I, O) matrix, rows * I * O."""
     rows = 1
     for d in x_shape[:-1]:
         rows *= d
-    return 2 * rows * W_shape[-2] * W_shape[-1]
+    return rows * W_shape[-2] * W_shape[-1]
+
+
+def _matmul_flops(x_shape, W_shape) -> int:
+    """Flops of x W (2 per multiply-add), as torch.utils.flop_counter counts the reference's mm/bmm."""
+    return 2 * _terms(x_shape, W_shape)
+
+
+# A product reduction y[..., o] = prod_i f(W[i, o], x[..., i]) (NMU; iNALU's sign product msv), in
+# flops per factor, rows * I * O factors. Its reference (torch.prod over materialised factors)
+# counts 0 under FlopCounterMode, which counts matrix products only; this is the library's rule,
+# in the matrix products' unit (a multiply-add is 2 flops):
+#   forward   3: the factor W x + 1 - W (one multiply-add) and one multiply into the product.
+#   backward  8: the factor again (2; nothing is saved), the exclusive product prod_{k != i} f_k
+#             from a prefix and a suffix product (3 multiplies), grad_y times it (1), and the W
+#             gradient's multiply-add (2); plus 2 with the x gradient (its multiply-add).
+PRODUCT_FORWARD_FLOPS = 3
+PRODUCT_BACKWARD_FLOPS = 8
+PRODUCT_GRAD_X_FLOPS = 2
+
+
+def _product_flops(x_shape, W_shape, backward: bool = False, grad_x: bool = False) -> int:
+    if not backward:
+        per_factor = PRODUCT_FORWARD_FLOPS
+    else:
+        per_factor = PRODUCT_BACKWARD_FLOPS + (PRODUCT_GRAD_X_FLOPS if grad_x else 0)
+    return per_factor * _terms(x_shape, W_shape)
 
 
 def _register_flop_formulas() -> None:
-    """torch.utils.flop_counter formulas: the matrix products of each op, the same count that
-    FlopCounterMode gives the reference (elementwise work counts 0 there, and here).
-    Forward: one product per path (a = x W, u = lx W_m, z = x G). Backward: per product, the
-    weight gradient, and the input gradient when compute_grad_x."""
+    """torch.utils.flop_counter formulas for every op.
+
+    Matrix products count as FlopCounterMode counts the reference's (2 flops per multiply-add;
+    elementwise work counts 0 there, and here). Forward: one product per path (NAC, NAU: a = x W;
+    NAC*: lx W; NALU: a = x W, u = lx W_m and, for an input gate, z = x G; RealNPU: lr W_r and
+    k W_r; NPU: those two and lr W_i, k W_i; iNALU: a = x W, u = lx W_m). Backward: per product,
+    the weight gradient, and the input gradient when compute_grad_x. The NPU's backward always has
+    the input-side products: the gate's gradient needs d lr and d k, with or without grad_x (the
+    reference counts them too, g requiring grad). The NMU and iNALU's sign product msv are product
+    reductions, counted per factor by the rule above (PRODUCT_*_FLOPS); msv has no x gradient
+    (sign(x) is flat).
+    """
     from torch.utils.flop_counter import register_flop_formula
 
-    @register_flop_formula(ops.nac_forward)
-    def _(x, W_hat, M_hat, *args, out_shape=None, **kwargs):
-        return _matmul_flops(x, W_hat)
-
-    @register_flop_formula(ops.nac_mul_forward)
-    def _(x, W_hat, M_hat, eps, *args, out_shape=None, **kwargs):
-        return _matmul_flops(x, W_hat)
+    @register_flop_formula([ops.nac_forward, ops.nac_mul_forward, ops.nau_forward])
+    def _(x, W, *args, out_shape=None, **kwargs):
+        return _matmul_flops(x, W)
 
     @register_flop_formula(ops.nalu_forward)
     def _(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, *args, out_shape=None, **kwargs):
         return (3 if input_gate else 2) * _matmul_flops(x, W_hat)
 
-    @register_flop_formula([ops.nac_backward, ops.nac_mul_backward])
-    def _(grad_y, x, W_hat, *args, out_shape=None, **kwargs):
+    @register_flop_formula([ops.nac_backward, ops.nac_mul_backward, ops.nau_backward])
+    def _(grad_y, x, W, *args, out_shape=None, **kwargs):
         compute_grad_x = args[-1] if args else kwargs["compute_grad_x"]
-        return (2 if compute_grad_x else 1) * _matmul_flops(x, W_hat)
+        return (2 if compute_grad_x else 1) * _matmul_flops(x, W)
 
     @register_flop_formula(ops.nalu_backward)
     def _(grad_y, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, eps, input_gate, compute_grad_x,
           *args, out_shape=None, **kwargs):
         products = 3 if input_gate else 2
         return products * (2 if compute_grad_x else 1) * _matmul_flops(x, W_hat)
+
+    @register_flop_formula(ops.npu_forward)
+    def _(x, W_r, W_i, g, eps, *args, out_shape=None, **kwargs):
+        return (4 if W_i is not None else 2) * _matmul_flops(x, W_r)
+
+    @register_flop_formula(ops.npu_backward)
+    def _(grad_y, x, W_r, W_i, g, y, s, lr, eps, compute_grad_x, *args, out_shape=None, **kwargs):
+        return 2 * (4 if W_i is not None else 2) * _matmul_flops(x, W_r)
+
+    @register_flop_formula(ops.inalu_forward)
+    def _(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega, *args, out_shape=None, **kwargs):
+        return 2 * _matmul_flops(x, W_hat) + _product_flops(x, W_hat_m)
+
+    @register_flop_formula(ops.inalu_backward)
+    def _(grad_y, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, u, msv, lx, eps, omega, compute_grad_x,
+          *args, out_shape=None, **kwargs):
+        return (2 * (2 if compute_grad_x else 1) * _matmul_flops(x, W_hat)
+                + _product_flops(x, W_hat_m, backward=True))
+
+    @register_flop_formula(ops.nmu_forward)
+    def _(x, W, *args, out_shape=None, **kwargs):
+        return _product_flops(x, W)
+
+    @register_flop_formula(ops.nmu_backward)
+    def _(grad_y, x, W, compute_grad_x, *args, out_shape=None, **kwargs):
+        return _product_flops(x, W, backward=True, grad_x=compute_grad_x)
 
 
 def _npu_out_shape(op: str, x: Tensor, W_r: Tensor, W_i: Optional[Tensor], g: Tensor, eps: float) -> list:

@@ -1,5 +1,6 @@
 """The fused ops against the reference (values and every gradient), gradcheck, opcheck."""
 import itertools
+import math
 import os
 import subprocess
 import sys
@@ -442,3 +443,37 @@ def test_flop_counter_counts_what_the_reference_counts(unit, x_grad):
     half = len(counts) // 2
     assert counts[half:] == counts[:half]
     assert all(c > 0 for c in counts)
+
+
+# Module -> (flops of forward + backward in units of one matrix product x W (2 rows I O), without
+# and with an x gradient; the same in flops per factor of a product reduction (_ops' rule:
+# forward 3, backward 8, + 2 with the x gradient), which the reference counts 0 for).
+FLOP_MODULES = {
+    "NAU": (nalu_cuda.NAU, (2, 3), (0, 0)),
+    "NMU": (nalu_cuda.NMU, (0, 0), (3 + 8, 3 + 8 + 2)),
+    "NPU": (nalu_cuda.NPU, (4 + 8, 4 + 8), (0, 0)),  # the gate's gradient needs d lr, d k anyway
+    "RealNPU": (nalu_cuda.RealNPU, (2 + 4, 2 + 4), (0, 0)),
+    "INALU": (nalu_cuda.INALU, (2 + 2, 2 + 4), (3 + 8, 3 + 8)),  # msv: no x gradient (sign)
+}
+
+
+@pytest.mark.parametrize("x_grad", [True, False], ids=["x-grad", "no-x-grad"])
+@pytest.mark.parametrize("module", list(FLOP_MODULES))
+def test_flop_counter_counts_every_unit(module, x_grad):
+    # The fused module's forward + backward: the formulas of _ops, the reference's matrix products
+    # plus the product reductions' count.
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cls, matmuls, per_factor = FLOP_MODULES[module]
+    for E, batch, I, O in [(None, (6, 2), 5, 3), (3, (4,), 5, 20), (2, (2, 3), 7, 1)]:
+        counts = {}
+        for backend in ("fused", "reference"):
+            layer = cls(I, O, ensemble=E, backend=backend, dtype=torch.float64)
+            x = rand_input(((E,) if E else ()) + batch + (I,)).requires_grad_(x_grad)
+            with FlopCounterMode(display=False) as mode:
+                layer(x).sum().backward()
+            counts[backend] = mode.get_total_flops()
+        factors = (E or 1) * math.prod(batch) * I * O
+        want = matmuls[x_grad] * 2 * factors + per_factor[x_grad] * factors
+        assert counts["fused"] == want > 0, (E, batch, I, O, counts)
+        assert counts["fused"] - counts["reference"] == per_factor[x_grad] * factors
