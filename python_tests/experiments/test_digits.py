@@ -131,7 +131,7 @@ def test_every_model_trains_end_to_end(tmp_path, task, model):
             assert 0.0 <= r[f"acc_len{L}"] <= 1.0
             assert np.isfinite(r[f"mae_len{L}"])
         assert r["accuracy"] == r["acc_len3"]
-        assert ("recurrent_weight_dev" in r) == (model in ("nac", "nalu"))
+        assert ("recurrent_weight_dev" in r) == (model in ("nac", "nau", "nalu"))
     s = digits.EXPERIMENT.summary(cfg, out.records, out.extra)
     assert "acc_len20_ci" in s and s["n_records"] == 2
 

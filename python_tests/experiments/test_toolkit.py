@@ -42,7 +42,7 @@ def _train(model, steps=40, **hooks):
 def test_zero_regularizer_changes_nothing():
     plain, reg = _model(), _model()
     r0 = _train(plain)
-    r1 = _train(reg, regularizer=lambda: torch.zeros(E))
+    r1 = _train(reg, regularizer=lambda step, loss: torch.zeros(E))
     assert torch.equal(r0.final_loss, r1.final_loss)
     for (k, a), (_, b) in zip(plain.state_dict().items(), reg.state_dict().items()):
         assert torch.equal(a, b), k
@@ -53,7 +53,7 @@ def test_regularizer_acts_per_member():
     plain, reg = _model(), _model()
     _train(plain)
     W = reg.net[0].W_hat
-    _train(reg, regularizer=lambda: torch.stack([W[0].sum() * 0, (W[1] ** 2).sum() * 10, W[2].sum() * 0]))
+    _train(reg, regularizer=lambda step, loss: torch.stack([W[0].sum() * 0, (W[1] ** 2).sum() * 10, W[2].sum() * 0]))
     a, b = plain.net[0].W_hat.detach(), reg.net[0].W_hat.detach()
     assert torch.equal(a[0], b[0]) and torch.equal(a[2], b[2])
     assert (b[1] ** 2).sum() < (a[1] ** 2).sum()
@@ -73,16 +73,18 @@ def test_project_runs_after_every_step():
 
 
 def test_unit_table_entry_brings_its_hooks(monkeypatch):
+    from nalu_cuda import regularizers as R
+
     seen = []
-    unit = am.ArithmeticUnit(am.ARITHMETIC_UNITS["nac"].layer, regularizer=lambda m: seen.append(m) or torch.zeros(E),
-                             project=lambda m: seen.append(("project", m)))
+    unit = am.ArithmeticUnit(am.ARITHMETIC_UNITS["nac"].layer, penalty=lambda m: seen.append(m) or torch.ones(E),
+                             schedule=R.RegularizerSchedule(2.0, 0, 10), clip_value=0.5)
     monkeypatch.setitem(am.ARITHMETIC_UNITS, "nac", unit)
     model = _model("nac")
     hooks = am.training_hooks(model)
-    assert set(hooks) == {"regularizer", "project"}
-    hooks["regularizer"]()
-    hooks["project"]()
-    assert seen == [model, ("project", model)]
+    assert set(hooks) == {"regularizer", "clip_value"} and hooks["clip_value"] == 0.5
+    assert hooks["regularizer"](0, torch.zeros(E)) is None and seen == []  # weight 0: not computed
+    torch.testing.assert_close(hooks["regularizer"](5, torch.zeros(E)), torch.full((E,), 1.0))
+    assert seen == [model]
     assert am.training_hooks(_model("relu")) == {}
     assert am.training_hooks(_model("nalu")) == {}
 
