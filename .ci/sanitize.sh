@@ -30,7 +30,9 @@ CFLAGS="$SAN" LDFLAGS="$SAN" NALU_CUDA_DEBUG=1 NALU_CUDA_NO_CUDA=1 \
 
 LIBASAN=$(g++ -print-file-name=libasan.so)
 [ -f "$LIBASAN" ] || { echo "sanitize: no libasan.so next to g++ ($LIBASAN)"; exit 1; }
-ldd nalu_cuda/_C*.so | grep -q libasan || { echo "sanitize: the extension is not instrumented"; exit 1; }
+# (grep reads all of ldd's output: with -q it would stop at the first match, and under pipefail the
+# SIGPIPE that ldd may then get would fail the check at random)
+ldd nalu_cuda/_C*.so | grep libasan >/dev/null || { echo "sanitize: the extension is not instrumented"; exit 1; }
 
 # abort_on_error: a report ends the process at once (pytest cannot swallow it); the exit status
 # of the test run is then non-zero. halt_on_error is the default for ASan and forced for UBSan.
