@@ -29,9 +29,9 @@ from .registry import (  # noqa: F401
     wilson_interval,
 )
 from .parts.layers import EnsembleCNN, EnsembleEmbedding, EnsembleLinear, GatedCell  # noqa: F401
-from .parts.optim import EnsembleAdam, FlatAdam  # noqa: F401
+from .parts.optim import FlatAdam  # noqa: F401
 from .parts.seeding import member_generators  # noqa: F401
-from .parts.training import BestState, EvalSet, train_ensemble, train_sequence_ensemble  # noqa: F401
+from .parts.training import BestState, EvalSet, generator_state, train_ensemble  # noqa: F401
 from .plugin import register_task, resolve_backend, resolve_device, run_options, seed_list  # noqa: F401
 from .report import fmt_ci, fmt_num  # noqa: F401
 from .stats import interval_summary, mean_ci  # noqa: F401

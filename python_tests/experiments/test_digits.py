@@ -137,13 +137,15 @@ def test_every_model_trains_end_to_end(tmp_path, task, model):
 
 
 def test_training_improves_counting(tmp_path):
-    """A short run must beat the initial model on the validation loss (real learning happens)."""
-    cfg = registry.Config("digits", "counting-lstm", 1, 60,
+    """A short run must beat the initial model on the validation loss (real learning happens): the
+    median member of three by at least 20% (a single member's 60 steps depend on its stream)."""
+    cfg = registry.Config("digits", "counting-lstm", 3, 60,
                           {**SMALL, "task": "counting", "model": "lstm", "pretrain_steps": 30, "eval_every": 60,
                            "hidden": 16, "cnn_hidden": 16, "channels": [4, 8], "batch": 16, "pool": 32})
     out = digits.run(cfg, _ctx(tmp_path))
     val = out.extra["curves"]["val_loss"]
-    assert val[-1][0] < 0.8 * val[0][0]
+    ratios = sorted(last / first for first, last in zip(val[0], val[-1]))
+    assert ratios[1] < 0.8, ratios
 
 
 def test_mnist_dir_run(tmp_path):
@@ -160,7 +162,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     saved = {}
 
     def save(obj):
-        if obj["step"] == 3:
+        if obj["step"] == 4:
             saved["ck"] = torch.load(_roundtrip(tmp_path, obj), weights_only=False)
 
     digits.run(cfg, _ctx(tmp_path, save_checkpoint=save, checkpoint_every_s=0.0))

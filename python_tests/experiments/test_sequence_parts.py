@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from nalu_cuda.experiments.parts.layers import EnsembleCNN, EnsembleLinear, ensemble_gather
-from nalu_cuda.experiments.parts.optim import EnsembleAdam
+from nalu_cuda.experiments.parts.optim import FlatAdam
 from nalu_cuda.experiments.parts.seeding import member_generators
 from nalu_cuda.experiments.parts.sequence_models import EnsembleGRU, EnsembleLSTM, EnsembleUGRNN, RecurrentArithmetic
 from nalu_cuda.experiments.parts.training import BestState
@@ -16,7 +16,7 @@ from nalu_cuda.experiments.stats import mean_ci
 
 
 def _gens(E):
-    return member_generators(range(E), 5)
+    return member_generators(range(E), "test/layers")
 
 
 def test_lstm_matches_torch_lstm_per_member():
@@ -102,16 +102,19 @@ def test_members_do_not_depend_on_each_other_or_on_E():
     assert torch.equal(big(x2)[1:], y[1:])
 
 
-def test_ensemble_adam_equals_torch_adam_per_member():
+def test_flat_adam_groups_and_member_learning_rates_equal_torch_adam():
+    """A learning rate per member (weight) and one per group (bias): member e equals torch's Adam
+    with its own learning rates."""
     torch.manual_seed(0)
     lin = EnsembleLinear(3, 2, ensemble=2)
     lin.reset_parameters(_gens(2))
+    lrs, bias_lr = [0.01, 0.1], 0.03
     refs = []
     for e in range(2):
         w = nn.Parameter(lin.weight[e].detach().clone())
         b = nn.Parameter(lin.bias[e].detach().clone())
-        refs.append((w, b, torch.optim.Adam([w, b], lr=[0.01, 0.1][e])))
-    opt = EnsembleAdam(lin.parameters(), 2, [0.01, 0.1])
+        refs.append((w, b, torch.optim.Adam([{"params": [w], "lr": lrs[e]}, {"params": [b], "lr": bias_lr}])))
+    opt = FlatAdam([{"params": [lin.weight], "lr": lrs}, {"params": [lin.bias], "lr": bias_lr}], ensemble=2)
     for _ in range(5):
         x = torch.randn(2, 4, 3)
         opt.zero_grad()
@@ -125,15 +128,25 @@ def test_ensemble_adam_equals_torch_adam_per_member():
         assert torch.allclose(lin.weight[e], w, atol=1e-6) and torch.allclose(lin.bias[e], b, atol=1e-6)
 
 
-def test_ensemble_adam_clips_per_member():
-    lin = EnsembleLinear(1, 1, ensemble=2, bias=False)
+def test_flat_adam_clips_per_member():
+    lin = EnsembleLinear(2, 1, ensemble=2)
+    opt = FlatAdam(lin.parameters(), 1.0, ensemble=2, clip=1.0)
     with torch.no_grad():
-        lin.weight.zero_()
-    opt = EnsembleAdam(lin.parameters(), 2, 1.0, clip=1.0)
-    lin.weight.grad = torch.tensor([[[100.0]], [[0.5]]])
-    opt.step()
-    # Adam's first step moves by lr * sign regardless of scale; clipping must not mix the members
-    assert torch.allclose(lin.weight.detach().flatten(), torch.tensor([-1.0, -1.0]), atol=1e-4)
+        lin.weight.grad.copy_(torch.tensor([[[30.0], [40.0]], [[0.3], [0.4]]]))
+        lin.bias.grad.copy_(torch.tensor([[0.0], [0.0]]))
+    opt.clip_grad_norm_()
+    # member 0 (norm 50) is rescaled to norm 1, member 1 (norm 0.5) is left alone
+    assert torch.allclose(lin.weight.grad.flatten(), torch.tensor([0.6, 0.8, 0.3, 0.4]), atol=1e-6)
+
+
+def test_flat_adam_rejects_bad_learning_rates_and_shapes():
+    lin = EnsembleLinear(2, 1, ensemble=2)
+    with pytest.raises(ValueError, match="3 learning rates for 2 members"):
+        FlatAdam(lin.parameters(), [0.1, 0.2, 0.3], ensemble=2)
+    with pytest.raises(ValueError, match="no leading member dimension 3"):
+        FlatAdam(EnsembleLinear(2, 1, ensemble=2).parameters(), 0.1, ensemble=3)
+    with pytest.raises(ValueError, match="clip is per member"):
+        FlatAdam(EnsembleLinear(2, 1, ensemble=2).parameters(), 0.1, clip=1.0)
 
 
 def test_best_state_restores_per_member():

@@ -1,22 +1,19 @@
 """Training ``E`` seeds as one ensemble, with per-member divergence handling and model selection.
 
-Two loops share the pieces here (:class:`BestState`, :func:`progress_bar`, checkpoints through the
-run context): :func:`train_ensemble`, the arithmetic tasks' loop (MSE on ``batch_fn`` batches,
-:class:`~.optim.FlatAdam`), and :func:`train_sequence_ensemble`, the sequence tasks' loop (any
-per-member loss from ``train_step``, :class:`~.optim.EnsembleAdam`). They stay two because their
-published numbers were made with two update orders and two divergence policies (below).
-
-:func:`train_ensemble` runs Adam on the sum of the members' losses (so every member gets exactly
-the gradient of its own loss: members never mix, and Adam is elementwise), and keeps, per member:
+:func:`train_ensemble` is the toolkit's one training loop, for the arithmetic tasks (MSE on
+``batch_fn`` batches, validation on an :class:`EvalSet`) and the sequence tasks (any per-member
+loss from ``step_loss``, validation from ``validate``) alike. It runs Adam
+(:class:`~.optim.FlatAdam`) on the sum of the members' losses (so every member gets exactly the
+gradient of its own loss: members never mix, and Adam is elementwise), and keeps, per member:
 
 * divergence: a member whose loss or gradients go NaN/Inf is marked diverged, its gradients are
   zeroed from then on and its Adam moments reset at the next evaluation, so it stops moving; it
   never touches the others (no operation reduces across members; optional gradient clipping is
   per member);
-* model selection on validation data only: the parameters at the evaluation with the lowest
-  validation MSE are kept per member (``best_step``); test sets are evaluated for reporting and
-  for "solved at" (the first evaluation whose extrapolation MSE is under the threshold), never
-  for selection;
+* model selection on validation data only (:class:`BestState`): the parameters at the evaluation
+  with the lowest validation loss are kept per member (``best_step``); test sets are evaluated for
+  reporting and for "solved at" (the first evaluation whose extrapolation MSE is under the
+  threshold), never for selection;
 * checkpoints through the run context (every ``ctx.checkpoint_every_s`` seconds, at evaluation
   steps), from which ``--resume`` continues bit for bit.
 """
@@ -31,10 +28,10 @@ import torch
 from torch import Tensor, nn
 
 from ..registry import Context
-from .optim import EnsembleAdam, FlatAdam, member_view
+from .optim import FlatAdam
 
 __all__ = ["EvalSet", "TrainResult", "train_ensemble", "evaluate_mse", "progress_bar", "BestState",
-           "SequenceTrainResult", "train_sequence_ensemble"]
+           "generator_state"]
 
 
 def progress_bar(total: int, desc: str, enabled: bool, initial: int = 0):
@@ -102,6 +99,33 @@ class TrainResult:
     history: Dict[str, List[List[float]]]  # name -> [[step, v_1..v_E], ...]
     wall_s: float
     best_state: Dict[str, Tensor] = field(default_factory=dict)
+    val_name: str = "val"
+
+    @property
+    def curves(self) -> Dict[str, Any]:
+        """The learning curves as JSON-ready columns: ``step`` (the evaluation steps),
+        ``val_loss`` (per evaluation, the members' validation losses, None where not finite) and
+        every series ``on_eval`` added (per evaluation, its list)."""
+        rows = self.history[self.val_name]
+        out: Dict[str, Any] = {"step": [int(r[0]) for r in rows],
+                               "val_loss": [[v if math.isfinite(v) else None for v in r[1:]] for r in rows]}
+        for name in self.history.get("_on_eval", []):
+            out[name] = [r[1:] for r in self.history[name]]
+        return out
+
+
+def generator_state(generators: Sequence[torch.Generator]):
+    """``(get, set)`` of the states of data generators, for ``train_ensemble(stream_state=...)``."""
+    gens = list(generators)
+
+    def get() -> List[Tensor]:
+        return [g.get_state() for g in gens]
+
+    def set_(states: List[Tensor]) -> None:
+        for g, st in zip(gens, states):
+            g.set_state(st)
+
+    return get, set_
 
 
 class BestState:
@@ -163,11 +187,16 @@ class BestState:
 def train_ensemble(
     model: nn.Module,
     E: int,
-    batch_fn: Callable[[int], Tuple[Tensor, Tensor]],
-    steps: int,
-    val: EvalSet,
+    batch_fn: Optional[Callable[[int], Tuple[Tensor, Tensor]]] = None,
+    steps: int = 0,
+    val: Optional[EvalSet] = None,
     tests: Sequence[EvalSet] = (),
     *,
+    step_loss: Optional[Callable[[int], Tensor]] = None,
+    validate: Optional[Callable[[], Tensor]] = None,
+    on_eval: Optional[Callable[[int], Dict[str, List[Any]]]] = None,
+    opt: Optional[FlatAdam] = None,
+    restore_best: bool = False,
     lr: float = 1e-3,
     eval_every: int = 1000,
     threshold: Optional[Tensor] = None,
@@ -175,7 +204,7 @@ def train_ensemble(
     ctx: Optional[Context] = None,
     desc: str = "train",
     clip: Optional[float] = None,
-    stream_state: Optional[Tuple[Callable[[], dict], Callable[[dict], None]]] = None,
+    stream_state: Optional[Tuple[Callable[[], Any], Callable[[Any], None]]] = None,
     lr_milestones: Sequence[float] = (),
     lr_gamma: float = 0.1,
     regularizer: Optional[Callable[[int, Tensor], Optional[Tensor]]] = None,
@@ -184,13 +213,21 @@ def train_ensemble(
     reinit: Optional[Callable[[List[int], int], None]] = None,
     stall_min_steps: int = 10_000,
 ) -> TrainResult:
-    """Train ``model`` (``(E, B, ...) -> (E, B, 1)``) for ``steps`` Adam steps.
+    """Train the ensemble ``model`` for ``steps`` Adam steps.
 
-    ``batch_fn(step)`` gives one training batch ``(x, t)``. ``val`` drives model selection;
-    ``tests`` are evaluated at the same steps (history only). ``threshold`` ``(E,)`` with
-    ``solved_on`` (a test name) gives ``solved_at``. ``stream_state`` = (get, set) of the data
-    stream's state, saved in checkpoints. ``lr_milestones``: fractions of ``steps`` after which
-    the learning rate is multiplied by ``lr_gamma`` (none: constant, the published protocol).
+    The training loss, per member ``(E,)``: the MSE of ``model`` (``(E, B, ...) -> (E, B, 1)``) on
+    ``batch_fn(step) = (x, t)``, or ``step_loss(step)`` (any per-member loss; it must not call
+    backward). The validation loss, which drives model selection: the MSE on ``val`` (an
+    :class:`EvalSet`), or ``validate()`` (run under ``no_grad``). ``tests`` are evaluated at the
+    same steps (history only); ``on_eval(step)`` adds series of its own to the history (see
+    :attr:`TrainResult.curves`). ``threshold`` ``(E,)`` with ``solved_on`` (a test name) gives
+    ``solved_at``. ``stream_state`` = (get, set) of the data stream's state (for generators:
+    :func:`generator_state`), saved in checkpoints. ``opt``: a :class:`FlatAdam` over ``model``'s
+    parameters (parameter groups, learning rates per member); by default one with ``lr`` and
+    ``clip`` (per-member gradient-norm clipping). ``lr_milestones``: fractions of ``steps`` after
+    which the learning rate is multiplied by ``lr_gamma`` (none: constant, the published
+    protocol). ``restore_best``: end with each member's best-validation parameters loaded (else
+    they are in ``best_state``).
 
     Hooks for units that need them (see :class:`~.arithmetic_models.ArithmeticUnit` and
     :func:`~.arithmetic_models.training_hooks`): ``regularizer(step, loss)`` gives a per-member
@@ -202,9 +239,18 @@ def train_ensemble(
     applied at each evaluation to the mean losses of the evaluation windows since the member's last
     re-initialisation, over at least ``stall_min_steps`` steps); their Adam moments restart at 0.
     """
+    if (batch_fn is None) == (step_loss is None):
+        raise ValueError("train_ensemble: give exactly one of batch_fn and step_loss")
+    if (val is None) == (validate is None):
+        raise ValueError("train_ensemble: give exactly one of val and validate")
     ctx = ctx or Context(device="cpu", work_dir=".", progress=False)
-    params = [p for p in model.parameters()]
-    opt = FlatAdam(params, lr)
+    if opt is None:
+        opt = FlatAdam(model.parameters(), lr, ensemble=E, clip=clip)
+    elif clip is not None:
+        raise ValueError("train_ensemble: clip is the optimiser's (FlatAdam(clip=...)) when opt is given")
+    base_lr = opt.lr
+    params = opt.params
+    val_name = val.name if val is not None else "val_loss"
     any_diverged = False
     dev = params[0].device
     # Per-member flags on the training device (no host sync per step); statistics on the host.
@@ -212,7 +258,7 @@ def train_ensemble(
     no_member = torch.zeros(E, dtype=torch.bool, device=dev)
     best = BestState(model, E, dtype=torch.float64)
     solved_at = torch.full((E,), -1, dtype=torch.long)
-    history: Dict[str, List[List[float]]] = {"loss": [], val.name: []}
+    history: Dict[str, List[List[float]]] = {"loss": [], val_name: []}
     for t in tests:
         history[t.name] = []
     start = 0
@@ -238,16 +284,23 @@ def train_ensemble(
     t0 = time.perf_counter()
     last_ck = time.monotonic()
 
+    @torch.no_grad()
     def evaluate(step: int) -> None:
-        nonlocal solved_at
+        nonlocal solved_at, any_diverged
         model.eval()
-        v = evaluate_mse(model, val, E)
-        history[val.name].append([step] + v.tolist())
+        v = evaluate_mse(model, val, E) if val is not None else validate().detach().double().cpu()
+        history[val_name].append([step] + v.tolist())
         test_vals = {}
         for t in tests:
             tv = evaluate_mse(model, t, E)
             test_vals[t.name] = tv
             history[t.name].append([step] + tv.tolist())
+        if on_eval is not None:
+            for name, series in on_eval(step).items():
+                if name not in history:
+                    history[name] = []
+                    history.setdefault("_on_eval", []).append(name)
+                history[name].append([step] + list(series))
         model.train()
         div = diverged.cpu()
         best.update(v, step, eligible=~div)
@@ -255,12 +308,9 @@ def train_ensemble(
             tv = test_vals[solved_on]
             newly = (solved_at < 0) & torch.isfinite(tv) & (tv < threshold) & ~div
             solved_at = torch.where(newly, torch.full_like(solved_at, step), solved_at)
-        nonlocal any_diverged
         any_diverged = bool(div.any())
         if any_diverged:  # freeze diverged members: no momentum left to move them
-            for i in range(len(params)):
-                for mom in opt.moment_views(i):
-                    mom.masked_fill_(member_view(diverged, mom), 0.0)
+            opt.reset_moments(diverged)
 
     def checkpoint(step: int) -> None:
         ctx.save_checkpoint({
@@ -281,25 +331,29 @@ def train_ensemble(
             [row[1 + e] for row in history["loss"] if row[0] > since[e]], min_count=min_windows)]
         if members:
             reinit(members, step)
-            for i in range(len(params)):
-                for mom in opt.moment_views(i):
-                    mom[members] = 0.0
+            opt.reset_moments(members)
             history["reinit"].append([step if e in members else since[e] for e in range(E)])
 
+    def training_loss(step: int) -> Tensor:
+        if step_loss is not None:
+            return step_loss(step)
+        x, target = batch_fn(step)
+        err = (model(x) - target).reshape(E, -1)
+        return (err * err).mean(1)
+
+    model.train()
     if start == 0:
         evaluate(0)
     bar = progress_bar(steps, desc, ctx.progress, initial=start)
     try:
         bounds = sorted(int(round(f * steps)) for f in lr_milestones)
         for step in range(start + 1, steps + 1):
-            opt.lr = lr * lr_gamma ** sum(step > b for b in bounds)
-            x, target = batch_fn(step)
-            y = model(x)
-            err = (y - target).reshape(E, -1)
-            loss = (err * err).mean(1)
+            if bounds:
+                opt.lr = base_lr * lr_gamma ** sum(step > b for b in bounds)
+            loss = training_loss(step)
             penalty = None if regularizer is None else regularizer(step, loss.detach())
             objective = loss if penalty is None else loss + penalty
-            bad = ~torch.isfinite(objective)
+            bad = ~torch.isfinite(objective.detach())
             diverged |= bad
             total = torch.where(diverged, torch.zeros_like(objective), objective).sum()
             opt.zero_grad()
@@ -307,25 +361,10 @@ def train_ensemble(
             opt.gather_grads()
             if clip_value is not None:
                 opt.grad.clamp_(-clip_value, clip_value)
-            if clip is None:
-                # Diverged members are frozen once known at an evaluation (any_diverged); from then
-                # on, so is every member that goes NaN/Inf, from its first bad step.
-                frozen = diverged if any_diverged else no_member
-                diverged |= opt.step_ensemble(frozen, freeze_nonfinite=any_diverged)
-            else:
-                # A NaN/Inf anywhere in a member's gradients makes its per-member sum non-finite.
-                grads = [p.grad for p in params]
-                sums = torch.stack([g.reshape(E, -1).sum(1) for g in grads], 1)
-                diverged |= ~torch.isfinite(sums).all(1)
-                if any_diverged:  # known at the last evaluation; later ones are masked from the next
-                    for g in grads:
-                        g.masked_fill_(member_view(diverged, g), 0.0)
-                sq = sum((p.grad.reshape(E, -1).double() ** 2).sum(1) for p in params if p.grad is not None)
-                scale = (clip / (sq.sqrt() + 1e-12)).clamp(max=1.0).float()
-                for p in params:
-                    if p.grad is not None:
-                        p.grad.mul_(member_view(scale, p.grad))
-                opt.step()
+            # Diverged members are frozen once known at an evaluation (any_diverged); from then on,
+            # so is every member that goes NaN/Inf, from its first bad step.
+            frozen = diverged if any_diverged else no_member
+            diverged |= opt.step_ensemble(frozen, freeze_nonfinite=any_diverged)
             if project is not None:
                 with torch.no_grad():
                     project()
@@ -348,104 +387,9 @@ def train_ensemble(
             bar.update(1)
     finally:
         bar.close()
+    if restore_best:
+        best.restore()
+        model.eval()
     return TrainResult(steps=steps, best_step=best.best_step, best_val=best.best, diverged=diverged.cpu().clone(),
                        solved_at=solved_at, final_loss=final_loss, history=history,
-                       wall_s=wall_before + time.perf_counter() - t0, best_state=best.saved)
-
-
-@dataclass
-class SequenceTrainResult:
-    """What :func:`train_sequence_ensemble` returns: the best-state keeper (best losses and steps
-    per member), divergence flags, learning curves."""
-
-    best: BestState
-    diverged: Tensor                      # (E,) bool
-    curves: Dict[str, Any] = field(default_factory=dict)
-    steps_done: int = 0
-    wall_s: float = 0.0
-
-
-def train_sequence_ensemble(*, ctx: Context, model: nn.Module, opt: EnsembleAdam, ensemble: int, steps: int,
-                            eval_every: int, train_step: Callable[[int], Tensor], validate: Callable[[], Tensor],
-                            on_eval: Optional[Callable[[int], Dict[str, List[float]]]] = None,
-                            generators: Optional[Dict[str, torch.Generator]] = None,
-                            desc: str = "train") -> SequenceTrainResult:
-    """Train ``model`` for ``steps`` steps (the sequence tasks' loop).
-
-    ``train_step(step)`` returns the per-member training losses ``(E,)`` (it must not call backward);
-    the loop sums them, back-propagates and steps ``opt``. Every ``eval_every`` steps and at the end,
-    ``validate()`` gives the per-member validation losses ``(E,)`` (under ``no_grad``), the best
-    parameters per member are kept, and ``on_eval(step)`` (if given) adds learning-curve points.
-    A member whose training loss or parameters turn NaN/Inf is marked diverged (it keeps training,
-    harmlessly: members never mix). ``generators`` (the data samplers) are saved in checkpoints.
-    At the end the model holds each member's best-validation parameters.
-    """
-    generators = generators or {}
-    best = BestState(model, ensemble)
-    diverged = torch.zeros(ensemble, dtype=torch.bool)
-    curves: Dict[str, Any] = {"step": []}
-    start = 0
-    ck = ctx.load_checkpoint()
-    if ck is not None:
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        best.load_state_dict(ck["best"])
-        diverged = ck["diverged"].clone()
-        curves = ck["curves"]
-        for k, g in generators.items():
-            g.set_state(ck["generators"][k])
-        start = int(ck["step"])
-        ctx.log(f"{desc}: resuming at step {start}/{steps}")
-
-    def checkpoint(step: int) -> None:
-        ctx.save_checkpoint({"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
-                             "best": best.state_dict(), "diverged": diverged.clone(), "curves": curves,
-                             "generators": {k: g.get_state() for k, g in generators.items()}})
-
-    def evaluate(step: int) -> None:
-        model.eval()
-        with torch.no_grad():
-            val = validate().detach().float().cpu()
-            best.update(val, step)
-            curves["step"].append(step)
-            curves.setdefault("val_loss", []).append([v if math.isfinite(v) else None for v in val.tolist()])
-            if on_eval is not None:
-                for k, v in on_eval(step).items():
-                    curves.setdefault(k, []).append(v)
-        model.train()
-
-    t0 = time.perf_counter()
-    last_ck = time.perf_counter()
-    bar = progress_bar(steps, desc, ctx.progress, initial=start)
-    model.train()
-    if start == 0:
-        evaluate(0)
-    for step in range(start + 1, steps + 1):
-        losses = train_step(step)
-        bad = ~torch.isfinite(losses.detach()).cpu()
-        diverged |= bad
-        opt.zero_grad()
-        # a diverged member contributes nothing more (its NaN gradients would only touch itself,
-        # but keeping them out keeps its Adam state finite for inspection)
-        total = torch.where(bad.to(losses.device), torch.zeros_like(losses), losses).sum()
-        total.backward()
-        opt.step()
-        if step % eval_every == 0 or step == steps:
-            evaluate(step)
-            with torch.no_grad():
-                for p in model.parameters():
-                    per = p.detach().reshape(ensemble, -1)
-                    diverged |= ~torch.isfinite(per).all(1).cpu()
-        if ctx.progress:
-            bar.update(1)
-            if step % 50 == 0:
-                fin = losses.detach()[torch.isfinite(losses.detach())]
-                bar.set_postfix(loss=f"{fin.median().item():.4g}" if fin.numel() else "nan")
-        if time.perf_counter() - last_ck > ctx.checkpoint_every_s and step < steps:
-            checkpoint(step)
-            last_ck = time.perf_counter()
-    bar.close()
-    best.restore()
-    model.eval()
-    return SequenceTrainResult(best=best, diverged=diverged, curves=curves, steps_done=steps,
-                       wall_s=time.perf_counter() - t0)
+                       wall_s=wall_before + time.perf_counter() - t0, best_state=best.saved, val_name=val_name)

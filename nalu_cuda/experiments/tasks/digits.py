@@ -44,10 +44,10 @@ from ...cli import mnist_directory, non_negative_int, positive_int
 from .. import registry
 from ..parts.layers import EnsembleCNN, EnsembleLinear, ensemble_gather
 from ..parts.mnist_data import DigitImages, load_digit_images
-from ..parts.optim import EnsembleAdam
+from ..parts.optim import FlatAdam
 from ..parts.seeding import member_generators
 from ..parts.sequence_models import ARITHMETIC_KINDS, make_recurrent
-from ..parts.training import train_sequence_ensemble
+from ..parts.training import generator_state, train_ensemble
 from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting, task_model_configs
 from ..report import figure_lines, fmt_ci, fmt_num
 from ..stats import interval_summary
@@ -123,14 +123,14 @@ class DigitSequenceModel(nn.Module):
             self.readout = EnsembleLinear(hidden, out, ensemble=ensemble)
 
     def reset_parameters(self, seeds: Sequence[int]) -> None:
-        self.cnn.reset_parameters(member_generators(seeds, 11))
+        self.cnn.reset_parameters(member_generators(seeds, "digits/cnn"))
         with torch.no_grad():  # identity on the class probabilities (code >= 10: extra units start at 0)
             self.code.weight.zero_()
             self.code.bias.zero_()
             self.code.weight[:, :, :10].copy_(torch.eye(10, self.code.weight.shape[-1])[:, :10])
-        self.rec.reset_parameters(member_generators(seeds, 12))
+        self.rec.reset_parameters(member_generators(seeds, "digits/recurrent"))
         if self.readout is not None:
-            self.readout.reset_parameters(member_generators(seeds, 13))
+            self.readout.reset_parameters(member_generators(seeds, "digits/readout"))
 
     def arith_parameters(self) -> List[nn.Parameter]:
         return list(self.rec.parameters()) if self.kind in ARITHMETIC_KINDS else []
@@ -150,8 +150,8 @@ def pretrain_cnn(cnn: EnsembleCNN, images: Tensor, labels: Tensor, seeds: Sequen
     """Train the CNN (class scores) as a digit classifier on single images, cross-entropy; the code
     and recurrent layers are untouched. Returns the last batch's accuracy averaged over members."""
     E = len(seeds)
-    opt = EnsembleAdam(cnn.parameters(), E, lr)
-    gens = member_generators(seeds, 32)
+    opt = FlatAdam(cnn.parameters(), lr, ensemble=E)
+    gens = member_generators(seeds, "digits/pretrain-data")
     acc = float("nan")
     for _ in range(steps):
         idx = torch.stack([torch.randint(len(labels), (batch,), generator=g) for g in gens]).to(images.device)
@@ -165,45 +165,32 @@ def pretrain_cnn(cnn: EnsembleCNN, images: Tensor, labels: Tensor, seeds: Sequen
     return acc
 
 
-def _param_groups(model: DigitSequenceModel, ensemble: int, lr: float, arith_lr: float, cnn_lr: float, code_lr: float,
-                  clip: float):
-    """One Adam per learning rate: the CNN, the code layer, the NAC/NALU cell, everything else."""
+def _optimizer(model: DigitSequenceModel, ensemble: int, lr: float, arith_lr: float, cnn_lr: float, code_lr: float,
+               clip: float) -> FlatAdam:
+    """Adam with a learning rate per part: the CNN, the code layer, the NAC/NALU cell, the rest."""
     arith = {id(p) for p in model.arith_parameters()}
     own = {id(p) for p in model.cnn.parameters()} | {id(p) for p in model.code.parameters()}
     rest = [p for p in model.parameters() if id(p) not in arith and id(p) not in own]
-    opts = [EnsembleAdam(list(model.cnn.parameters()), ensemble, cnn_lr, clip=clip),
-            EnsembleAdam(list(model.code.parameters()), ensemble, code_lr, clip=clip)]
+    groups = [{"params": list(model.cnn.parameters()), "lr": cnn_lr},
+              {"params": list(model.code.parameters()), "lr": code_lr}]
     if rest:
-        opts.append(EnsembleAdam(rest, ensemble, lr, clip=clip))
+        groups.append({"params": rest, "lr": lr})
     if arith:
-        opts.append(EnsembleAdam(model.arith_parameters(), ensemble, arith_lr, clip=clip))
-    return _MultiOpt(opts, [m for m in model.modules() if isinstance(m, nalu_cuda.NAU)])
+        groups.append({"params": model.arith_parameters(), "lr": arith_lr})
+    return FlatAdam(groups, ensemble=ensemble, clip=clip)
 
 
-class _MultiOpt:
-    """Several :class:`EnsembleAdam` (one per learning rate) behind one interface; the ``projected``
-    units (NAU cells) are projected after every step."""
+def _projection(model: DigitSequenceModel):
+    """The projection after every step of the NAU cells (none: None)."""
+    units = [m for m in model.modules() if isinstance(m, nalu_cuda.NAU)]
+    if not units:
+        return None
 
-    def __init__(self, opts, projected=()) -> None:
-        self.opts = opts
-        self.projected = list(projected)
-
-    def zero_grad(self) -> None:
-        for o in self.opts:
-            o.zero_grad()
-
-    def step(self) -> None:
-        for o in self.opts:
-            o.step()
-        for m in self.projected:
+    def project() -> None:
+        for m in units:
             m.project_()
 
-    def state_dict(self):
-        return [o.state_dict() for o in self.opts]
-
-    def load_state_dict(self, states) -> None:
-        for o, s in zip(self.opts, states):
-            o.load_state_dict(s)
+    return project
 
 
 @torch.no_grad()
@@ -265,9 +252,9 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     pre_acc = None
     if int(p["pretrain_steps"]) > 0 and ctx.load_checkpoint() is None:
         pre_acc = pretrain_cnn(model.cnn, train_x, data.train_y, seeds, int(p["pretrain_steps"]), float(p["pretrain_lr"]))
-    opt = _param_groups(model, E, float(p["lr"]), float(p["arith_lr"]), float(p["cnn_lr"]), float(p["code_lr"]),
+    opt = _optimizer(model, E, float(p["lr"]), float(p["arith_lr"]), float(p["cnn_lr"]), float(p["code_lr"]),
                         float(p["clip"]))
-    gens = member_generators(seeds, 21)  # the data stream of seed s is the same for every model
+    gens = member_generators(seeds, "digits/data")  # the data stream of seed s is the same for every model
     T, B, P = int(p["train_length"]), int(p["batch"]), int(p["pool"])
     n_train = len(data.train_y)
 
@@ -288,16 +275,16 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
         pred = model.aggregate(ensemble_gather(codes, val_idx.unsqueeze(0).expand(E, *val_idx.shape)))
         return ((pred - val_tgt) ** 2).mean(dim=(1, 2))
 
-    res = train_sequence_ensemble(ctx=ctx, model=model, opt=opt, ensemble=E, steps=config.steps, eval_every=int(p["eval_every"]),
-                         train_step=train_step, validate=validate, generators={f"data{i}": g for i, g in enumerate(gens)},
-                         desc=f"digits {config.name}")
+    res = train_ensemble(model, E, steps=config.steps, step_loss=train_step, validate=validate, opt=opt, ctx=ctx,
+                         project=_projection(model), eval_every=int(p["eval_every"]),
+                         stream_state=generator_state(gens), restore_best=True, desc=f"digits {config.name}")
     n_seqs = {int(k): v for k, v in (p.get("test_seqs") or DEFAULT_TEST_SEQS).items()}
     metrics = evaluate_lengths(model, task, test_x, data.test_y, p["lengths"], n_seqs, E)
     dev = recurrent_weight_deviation(model)
     records = []
     for e, s in enumerate(seeds):
-        rec: Dict[str, Any] = {"seed": s, "best_step": int(res.best.best_step[e]), "diverged": bool(res.diverged[e]),
-                               "interp_mse": float(res.best.best[e])}
+        rec: Dict[str, Any] = {"seed": s, "best_step": int(res.best_step[e]), "diverged": bool(res.diverged[e]),
+                               "interp_mse": float(res.best_val[e])}
         for k, v in metrics.items():
             rec[k] = float(v[e])
         rec["accuracy"] = rec.get(f"acc_len{T}")

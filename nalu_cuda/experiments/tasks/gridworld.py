@@ -48,10 +48,9 @@ import nalu_cuda
 from .. import registry
 from ..parts.gridworld_env import ACTIONS, FRAME, GridWorldVectorEnv, positions, render_frames, to_image
 from ..parts.layers import EnsembleLinear
-from ..parts.optim import EnsembleAdam
 from ..parts.seeding import member_generators
 from ..parts.sequence_models import EnsembleLSTM, RecurrentArithmetic
-from ..parts.training import train_sequence_ensemble
+from ..parts.training import generator_state, train_ensemble
 from ..plugin import add_backend_argument, run_options, run_setting
 from ..report import md_table, plt, save_figure
 from ..stats import interval_summary
@@ -138,9 +137,10 @@ class GridAgent(nn.Module):
         self.register_buffer("grey", grey.contiguous(), persistent=False)
 
     def reset_parameters(self, seeds: Sequence[int]) -> None:
-        for salt, part in enumerate((self.encoder, self.lstm, self.nac, self.policy, self.value)):
+        for name, part in (("encoder", self.encoder), ("lstm", self.lstm), ("nac", self.nac), ("policy", self.policy),
+                           ("value", self.value)):
             if part is not None:
-                part.reset_parameters(member_generators(seeds, 140 + salt))
+                part.reset_parameters(member_generators(seeds, f"gridworld/{name}"))
 
     def initial_state(self, batch: int) -> Tuple[Tensor, ...]:
         p = self.policy.weight
@@ -293,8 +293,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
                       pool=int(p["pool"]), nac_size=int(p["nac_size"]), backend=backend)
     model.reset_parameters(seeds)
     model.to(device=device, dtype=dtype)
-    opt = EnsembleAdam(model.parameters(), E, float(p["lr"]), clip=float(p["clip"]))
-    env_gen, act_gen = member_generators(seeds[:1], 150)[0], member_generators(seeds[:1], 151)[0]
+    env_gen, act_gen = member_generators(seeds[:1], "gridworld/env")[0], member_generators(seeds[:1], "gridworld/act")[0]
     lo, hi, slack = int(p["t_low"]), int(p["t_high"]), int(p["slack"])
     train_env = GridWorldVectorEnv(E * int(p["envs"]), t_low=lo, t_high=hi, slack=slack)
     val_env = GridWorldVectorEnv(E * int(p["n_val"]), t_low=lo, t_high=hi, slack=slack)
@@ -312,10 +311,11 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
         val_success[:] = ep["success"].float().mean(1).tolist()
         return -ep["rewards"].sum(2).mean(1)
 
-    res = train_sequence_ensemble(ctx=ctx, model=model, opt=opt, ensemble=E, steps=config.steps, eval_every=int(p["eval_every"]),
-                         train_step=train_step, validate=validate,
-                         on_eval=lambda step: {"val_success": list(val_success)},
-                         generators={"env": env_gen, "act": act_gen}, desc=f"gridworld {config.name}")
+    res = train_ensemble(model, E, steps=config.steps, step_loss=train_step, validate=validate,
+                         on_eval=lambda step: {"val_success": list(val_success)}, ctx=ctx, lr=float(p["lr"]),
+                         clip=float(p["clip"]), eval_every=int(p["eval_every"]),
+                         stream_state=generator_state([env_gen, act_gen]), restore_best=True,
+                         desc=f"gridworld {config.name}")
     Ts = list(range(1, int(p["eval_t_max"]) + 1))
     n_ep = int(p["episodes"])
     counts = evaluate_by_T(model, Ts, n_ep, seed=77_000, slack=slack)
@@ -323,8 +323,8 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     records = []
     for e, s in enumerate(seeds):
         rate = lambda cols: float(counts[e, cols].sum()) / (n_ep * len(cols)) if cols else None  # noqa: E731
-        records.append({"seed": s, "diverged": bool(res.diverged[e]), "best_step": int(res.best.best_step[e]),
-                        "val_return": -float(res.best.best[e]),
+        records.append({"seed": s, "diverged": bool(res.diverged[e]), "best_step": int(res.best_step[e]),
+                        "val_return": -float(res.best_val[e]),
                         "train_range_success": rate(train_cols),
                         "success_T13_19": rate([i for i, T in enumerate(Ts) if 13 <= T <= 19]),
                         "success_T20_up": rate([i for i, T in enumerate(Ts) if T >= 20])})

@@ -35,10 +35,10 @@ import nalu_cuda
 from ...cli import comma_list, non_negative_int, positive_float, positive_int
 from .. import registry
 from ..parts.layers import EnsembleEmbedding, EnsembleLinear
-from ..parts.optim import EnsembleAdam
+from ..parts.optim import FlatAdam
 from ..parts.seeding import member_generators
 from ..parts.sequence_models import EnsembleLSTM
-from ..parts.training import train_sequence_ensemble
+from ..parts.training import train_ensemble
 from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting
 from ..report import figure_lines, fmt_ci, fmt_num
 from ..stats import interval_summary
@@ -113,9 +113,9 @@ class NumberReader(nn.Module):
             self.head = nalu_cuda.NALU(hidden, 1, ensemble=ensemble, backend=backend)
 
     def reset_parameters(self, seeds: Sequence[int]) -> None:
-        self.embedding.reset_parameters(member_generators(seeds, 41))
-        self.lstm.reset_parameters(member_generators(seeds, 42))
-        gens = member_generators(seeds, 43)
+        self.embedding.reset_parameters(member_generators(seeds, "language/embedding"))
+        self.lstm.reset_parameters(member_generators(seeds, "language/lstm"))
+        gens = member_generators(seeds, "language/head")
         if isinstance(self.head, EnsembleLinear):
             self.head.reset_parameters(gens)
         else:
@@ -217,7 +217,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
         model = NumberReader(E, head, emb, hidden, backend=backend)
         model.reset_parameters([s for _, s in members])
         model.to(device=device, dtype=dtype)
-        opt = EnsembleAdam(model.parameters(), E, [lr for lr, _ in members], clip=float(p["clip"]))
+        opt = FlatAdam(model.parameters(), [lr for lr, _ in members], ensemble=E, clip=float(p["clip"]))
         tr_tok, tr_mask, tr_y = data["train"]
         va_tok, va_mask, va_y = data["val"]
 
@@ -228,9 +228,8 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
         def validate() -> Tensor:
             return ((model.predict(va_tok, va_mask) - va_y) ** 2).mean(-1)
 
-        res = train_sequence_ensemble(ctx=sub, model=model, opt=opt, ensemble=E, steps=config.steps,
-                             eval_every=int(p["eval_every"]), train_step=train_step, validate=validate,
-                             desc=f"language {head} {emb}x{hidden}")
+        res = train_ensemble(model, E, steps=config.steps, step_loss=train_step, validate=validate, opt=opt, ctx=sub,
+                             eval_every=int(p["eval_every"]), restore_best=True, desc=f"language {head} {emb}x{hidden}")
         with torch.no_grad():
             out = {}
             for part in ("train", "val", "test"):
@@ -247,8 +246,8 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
             phrases = fig3_numbers(split["test"], int(p["n_phrases"]))
             ph_tok, ph_mask = tokens_tensor(phrases)
             running = model(ph_tok.to(device), ph_mask.to(device)).cpu()
-        done.append({"size": [emb, hidden], "val_loss": [float(v) for v in res.best.best],
-                     "best_step": [int(v) for v in res.best.best_step],
+        done.append({"size": [emb, hidden], "val_loss": [float(v) for v in res.best_val],
+                     "best_step": [int(v) for v in res.best_step],
                      "diverged": [bool(v) for v in res.diverged], "metrics": out,
                      "phrases": phrases, "running": running.tolist(), "curves_val": res.curves.get("val_loss")})
         ctx.save_checkpoint({"phase": phase + 1, "done": done, "state": None})

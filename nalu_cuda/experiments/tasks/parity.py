@@ -33,9 +33,8 @@ from ...cli import mnist_directory, positive_int
 from .. import registry
 from ..parts.layers import EnsembleCNN, EnsembleLinear
 from ..parts.mnist_data import load_digit_images
-from ..parts.optim import EnsembleAdam
 from ..parts.seeding import member_generators
-from ..parts.training import train_sequence_ensemble
+from ..parts.training import generator_state, train_ensemble
 from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting
 from ..report import fmt_ci
 from ..stats import interval_summary
@@ -75,8 +74,8 @@ class ParityModel(nn.Module):
             self.bias = None
 
     def reset_parameters(self, seeds: Sequence[int]) -> None:
-        self.cnn.reset_parameters(member_generators(seeds, 61))
-        self.final.reset_parameters(member_generators(seeds, 62))
+        self.cnn.reset_parameters(member_generators(seeds, "parity/cnn"))
+        self.final.reset_parameters(member_generators(seeds, "parity/final"))
         if self.bias is not None:
             with torch.no_grad():
                 self.bias.zero_()
@@ -112,8 +111,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     model = ParityModel(E, (H, K * W), p["final"], hidden=int(p["hidden"]), channels=p["channels"], backend=backend)
     model.reset_parameters(seeds)
     model.to(device=device, dtype=dtype)
-    opt = EnsembleAdam(model.parameters(), E, float(p["lr"]))
-    gens = member_generators(seeds, 63)
+    gens = member_generators(seeds, "parity/data")
     B = int(p["batch"])
 
     def fixed(n_images: int, n: int, seed: int) -> Tensor:
@@ -140,9 +138,9 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     def validate() -> Tensor:
         return loss_of(model(expand(val_img)), expand(val_lab))
 
-    res = train_sequence_ensemble(ctx=ctx, model=model, opt=opt, ensemble=E, steps=config.steps, eval_every=int(p["eval_every"]),
-                         train_step=train_step, validate=validate, generators={f"data{i}": g for i, g in enumerate(gens)},
-                         desc=f"parity {config.name}")
+    res = train_ensemble(model, E, steps=config.steps, step_loss=train_step, validate=validate, ctx=ctx,
+                         lr=float(p["lr"]), eval_every=int(p["eval_every"]), stream_state=generator_state(gens),
+                         restore_best=True, desc=f"parity {config.name}")
     with torch.no_grad():
         logits = model(expand(test_img))
         correct = (logits.argmax(-1) == test_lab).sum(1).cpu()
@@ -152,9 +150,9 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     for e, s in enumerate(seeds):
         k = int(correct[e])
         lo, hi = registry.wilson_interval(k, n)
-        records.append({"seed": s, "best_step": int(res.best.best_step[e]), "diverged": bool(res.diverged[e]),
+        records.append({"seed": s, "best_step": int(res.best_step[e]), "diverged": bool(res.diverged[e]),
                         "accuracy": k / n, "error": 1 - k / n, "accuracy_wilson_lo": lo, "accuracy_wilson_hi": hi,
-                        "val_accuracy": float(val_acc[e]), "val_loss": float(res.best.best[e])})
+                        "val_accuracy": float(val_acc[e]), "val_loss": float(res.best_val[e])})
     return registry.RunOutput(records=records, extra={"backend": backend, "images": data.source, "n_test": n,
                                                       "digits": K})
 

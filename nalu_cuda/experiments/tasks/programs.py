@@ -39,10 +39,9 @@ import nalu_cuda
 from ...cli import positive_int
 from .. import registry
 from ..parts.layers import EnsembleEmbedding, EnsembleLinear, ensemble_gather
-from ..parts.optim import EnsembleAdam
 from ..parts.seeding import member_generators
 from ..parts.sequence_models import make_recurrent
-from ..parts.training import train_sequence_ensemble
+from ..parts.training import generator_state, train_ensemble
 from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting, task_model_configs
 from ..report import figure_lines, fmt_ci, fmt_num
 from ..stats import interval_summary
@@ -117,9 +116,9 @@ class ProgramReader(nn.Module):
             self.head = EnsembleLinear(hidden, 1, ensemble=ensemble)
 
     def reset_parameters(self, seeds: Sequence[int]) -> None:
-        self.embedding.reset_parameters(member_generators(seeds, 51))
-        self.rec.reset_parameters(member_generators(seeds, 52))
-        self.head.reset_parameters(member_generators(seeds, 53))
+        self.embedding.reset_parameters(member_generators(seeds, "programs/embedding"))
+        self.rec.reset_parameters(member_generators(seeds, "programs/recurrent"))
+        self.head.reset_parameters(member_generators(seeds, "programs/head"))
 
     def forward(self, tokens: Tensor, mask: Tensor) -> Tensor:
         """``tokens``, ``mask``: ``(E, B, T)`` -> predictions ``(E, B)``."""
@@ -177,8 +176,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     model = ProgramReader(E, kind, int(p["emb"]), int(p["hidden"]), backend=backend, out_scale=float(p["out_scale"]))
     model.reset_parameters(seeds)
     model.to(device=device, dtype=dtype)
-    opt = EnsembleAdam(model.parameters(), E, float(p["lr"]), clip=float(p["clip"]))
-    gens = member_generators(seeds, 54)
+    gens = member_generators(seeds, "programs/data")
     B = int(p["batch"])
 
     def expand(t: Tensor) -> Tensor:
@@ -204,17 +202,17 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
             out[f"{d}_relerr"] = [x if math.isfinite(x) else None for x in m["relerr"].tolist()]
         return out
 
-    res = train_sequence_ensemble(ctx=ctx, model=model, opt=opt, ensemble=E, steps=config.steps, eval_every=int(p["eval_every"]),
-                         train_step=train_step, validate=validate, on_eval=on_eval,
-                         generators={f"data{i}": g for i, g in enumerate(gens)}, desc=f"programs {config.name}")
+    res = train_ensemble(model, E, steps=config.steps, step_loss=train_step, validate=validate, on_eval=on_eval, ctx=ctx,
+                         lr=float(p["lr"]), clip=float(p["clip"]), eval_every=int(p["eval_every"]),
+                         stream_state=generator_state(gens), restore_best=True, desc=f"programs {config.name}")
     final = {}
     with torch.no_grad():
         for d, (tok, mask, y) in test_sets.items():
             final[d] = _metrics(model(expand(tok), expand(mask)), y)
     records = []
     for e, s in enumerate(seeds):
-        rec: Dict[str, Any] = {"seed": s, "best_step": int(res.best.best_step[e]), "diverged": bool(res.diverged[e]),
-                               "interp_mse": float(res.best.best[e])}
+        rec: Dict[str, Any] = {"seed": s, "best_step": int(res.best_step[e]), "diverged": bool(res.diverged[e]),
+                               "interp_mse": float(res.best_val[e])}
         for d, m in final.items():
             for k, v in m.items():
                 rec[f"{k}_{d}"] = float(v[e])
