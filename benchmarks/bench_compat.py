@@ -31,24 +31,22 @@ Writes ``benchmarks/results/compat.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
 import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils import benchmark
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import nalu_cuda  # noqa: E402
-from nalu_cuda import compat, init_presets  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import harness  # noqa: E402
+import nalu_cuda  # noqa: E402
+from nalu_cuda import compat, init_presets  # noqa: E402
 
 
 # --- kevinzakka/NALU-pytorch (models/nac.py, models/nalu.py), re-implemented ------------------------
@@ -221,11 +219,8 @@ def run(setup: str, seed: int, rounds: int, min_time: float, check_steps: int) -
     steps = {k: make_step(m, optim(m.parameters()), batches, with_reg) for k, m in (("theirs", theirs), ("ours", ours))}
     losses = {k: [float(s()) for _ in range(check_steps)] for k, s in steps.items()}
     # timing, interleaved
-    times = {"theirs": [], "ours": []}
-    for _ in range(rounds):
-        for k, s in steps.items():
-            t = benchmark.Timer(stmt="step()", globals={"step": s}, num_threads=1).blocked_autorange(min_run_time=min_time)
-            times[k].append(t.median * 1e3)
+    times = harness.interleaved({k: (lambda s=s: harness.cpu_timer(s, min_time)["median_ms"]) for k, s in steps.items()},
+                                rounds)
     ratios = [a / b for a, b in zip(times["theirs"], times["ours"])]
     return {"setup": setup, "theirs_ms": statistics.median(times["theirs"]), "ours_ms": statistics.median(times["ours"]),
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
@@ -233,28 +228,26 @@ def run(setup: str, seed: int, rounds: int, min_time: float, check_steps: int) -
             "last_loss": [losses["theirs"][-1], losses["ours"][-1]], "check_steps": check_steps}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.5, help="seconds per side per round")
     ap.add_argument("--check-steps", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "compat.json"))
-    args = ap.parse_args()
+    ap.add_argument("--out", default=os.path.join(harness.RESULTS, "compat"), help="results stem")
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     rows = [run(s, args.seed, args.rounds, args.min_time, args.check_steps) for s in args.setups]
-    print("| codebase | their layer, ms/step | nalu_cuda, ms/step | speed-up (median, range over rounds) "
-          "| loss after check steps (theirs / ours) |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['setup']} | {r['theirs_ms']:.3f} | {r['ours_ms']:.3f} | {r['ratio_median']:.2f}x "
-              f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {r['last_loss'][0]:.6g} / {r['last_loss'][1]:.6g} "
-              f"after {r['check_steps']} |")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-                   "threads": 1, "build": nalu_cuda.build_info(), "rows": rows}, f, indent=1)
+    table = harness.markdown_table(
+        ["codebase", "their layer, ms/step", "nalu_cuda, ms/step", "speed-up (median, range over rounds)",
+         "loss after check steps (theirs / ours)"],
+        [[r["setup"], f"{r['theirs_ms']:.3f}", f"{r['ours_ms']:.3f}",
+          f"{r['ratio_median']:.2f}x ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})",
+          f"{r['last_loss'][0]:.6g} / {r['last_loss'][1]:.6g} after {r['check_steps']}"] for r in rows])
+    meta = {"command": harness.command(__file__, argv), **harness.machine("cpu", dtype="float32")}
+    harness.write(args.out, meta, rows, table, title="Drop-in for the peers' layers: a training step, theirs vs ours")
+    print(harness.meta_lines(meta) + "\n\n" + table)
 
 
 if __name__ == "__main__":

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 
 import torch
-from torch.utils import benchmark
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
+import harness  # noqa: E402
 import nalu_cuda  # noqa: E402
 from nalu_cuda.testing import rand_input  # noqa: E402
 
@@ -33,14 +33,9 @@ SHAPES = {
 UNITS = {"npu": nalu_cuda.NPU, "real_npu": nalu_cuda.RealNPU, "inalu": nalu_cuda.INALU}
 
 
-def timer(fn, min_run_time):
-    m = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
-    times = sorted(m.times)
-    q = lambda p: times[min(len(times) - 1, int(p * len(times)))] * 1e3  # noqa: E731
-    return m.median * 1e3, q(0.2), q(0.8)
-
-
-def bench(unit, shape, min_run_time):
+def bench(unit, shape, min_run_time, rounds):
+    """Statistics (harness.stats, ms) of fused and reference forward+backward, over ``rounds``
+    interleaved rounds, after a check of the fused result against the reference."""
     cls = UNITS[unit]
     E, B, I, O = shape["E"], shape["B"], shape["I"], shape["O"]
     fused = cls(I, O, ensemble=E, backend="fused")
@@ -67,7 +62,10 @@ def bench(unit, shape, min_run_time):
             layer(x).backward(dy)
         return run
 
-    return timer(step(fused), min_run_time), timer(step(ref), min_run_time)
+    calls = {"fused": step(fused), "reference": step(ref)}
+    per_round = harness.interleaved({k: (lambda fn=fn: harness.cpu_times(fn, min_run_time / rounds))
+                                     for k, fn in calls.items()}, rounds, warmup=True)
+    return {k: harness.stats([t for block in blocks for t in block]) for k, blocks in per_round.items()}
 
 
 def main(argv=None):
@@ -75,19 +73,29 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--units", nargs="+", default=list(UNITS), choices=list(UNITS))
-    ap.add_argument("--min-run-time", type=float, default=1.0)
+    ap.add_argument("--min-run-time", type=float, default=1.0, help="seconds per provider, over all rounds")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(harness.RESULTS, "power_units_cpu"), help="results stem")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, threads {args.threads}, "
-          "float32, forward+backward")
-    print("| unit | shape | fused ms (p20-p80) | reference ms (p20-p80) | reference / fused |")
-    print("|---|---|---|---|---|")
+    rows, cells = [], []
     for shape in args.shapes:
         for unit in args.units:
-            (fm, f20, f80), (rm, r20, r80) = bench(unit, SHAPES[shape], args.min_run_time)
-            print(f"| {unit} | {shape} | {fm:.3f} ({f20:.3f}-{f80:.3f}) | {rm:.3f} ({r20:.3f}-{r80:.3f}) | "
-                  f"{rm / fm:.2f}x |", flush=True)
+            st = bench(unit, SHAPES[shape], args.min_run_time, args.rounds)
+            f, r = st["fused"], st["reference"]
+            rows.append({"unit": unit, "shape": shape, "fused": f, "reference": r,
+                         "ratio": r["median_ms"] / f["median_ms"]})
+            cells.append([unit, shape, f"{f['median_ms']:.3f} ({f['p20_ms']:.3f}-{f['p80_ms']:.3f})",
+                          f"{r['median_ms']:.3f} ({r['p20_ms']:.3f}-{r['p80_ms']:.3f})",
+                          f"{r['median_ms'] / f['median_ms']:.2f}x"])
+            print(harness.markdown_table(["unit", "shape", "fused ms (p20-p80)", "reference ms (p20-p80)",
+                                          "reference / fused"], cells[-1:]).splitlines()[-1], flush=True)
+    table = harness.markdown_table(["unit", "shape", "fused ms (p20-p80)", "reference ms (p20-p80)",
+                                    "reference / fused"], cells)
+    meta = {"command": harness.command(__file__, argv), **harness.machine("cpu", dtype="float32")}
+    harness.write(args.out, meta, rows, table, title="NPU, RealNPU, iNALU: fused vs reference, forward+backward")
+    print(harness.meta_lines(meta) + "\n\n" + table)
 
 
 if __name__ == "__main__":

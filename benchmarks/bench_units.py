@@ -27,10 +27,12 @@ import subprocess
 import sys
 
 import torch
-from torch.utils import benchmark
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import harness  # noqa: E402
 
 import nalu_cuda  # noqa: E402
 from nalu_cuda import functional as F  # noqa: E402
@@ -65,21 +67,24 @@ def check(fused, ref, x, W, gy):
 
 
 def bench_speed(args, device):
-    print(f"| unit | shape | fused fwd+bwd (ms) | reference fwd+bwd (ms) | reference / fused |")
-    print("|---|---|---|---|---|")
+    """Rows (one per unit and shape) of interleaved fused/reference timings, after a check."""
+    rows, cells = [], []
     for unit, (fused, ref, init) in UNITS.items():
         for name, shape in SHAPES.items():
             x, W, gy = make_inputs(shape, init, device)
             check(fused, ref, x, W, gy)
             runs = {"fused": round_trip(fused, x, W, gy), "reference": round_trip(ref, x, W, gy)}
-            times = {k: [] for k in runs}
-            for _ in range(args.rounds):  # interleaved: every provider once per round
-                for k, fn in runs.items():
-                    m = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=args.min_run_time)
-                    times[k].append(m.median * 1e3)
+            # interleaved: every provider once per round; a round's value is its median per call (ms)
+            times = harness.interleaved({k: (lambda fn=fn: harness.cpu_timer(fn, args.min_run_time)["median_ms"])
+                                         for k, fn in runs.items()}, args.rounds)
             ratio = statistics.median(r / f for r, f in zip(times["reference"], times["fused"]))
-            print(f"| {unit} | {name} | {statistics.median(times['fused']):.3f} | "
-                  f"{statistics.median(times['reference']):.3f} | {ratio:.1f}x |", flush=True)
+            fm, rm = statistics.median(times["fused"]), statistics.median(times["reference"])
+            rows.append({"unit": unit, "shape": name, "fused_ms": fm, "reference_ms": rm, "ratio": ratio,
+                         "rounds": times})
+            cells.append([unit, name, f"{fm:.3f}", f"{rm:.3f}", f"{ratio:.1f}x"])
+            print(f"| {unit} | {name} | {fm:.3f} | {rm:.3f} | {ratio:.1f}x |", flush=True)
+    return rows, harness.markdown_table(["unit", "shape", "fused fwd+bwd (ms)", "reference fwd+bwd (ms)",
+                                         "reference / fused"], cells)
 
 
 MEMORY_CHILD = """
@@ -126,13 +131,16 @@ def bench_memory(args, device):
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     peak, need = map(int, out.stdout.split()[-2:])
-    print(f"\nNMU fused forward+backward, B={B}, I={I}, O={O}, float32, {device}:")
-    print(f"| peak memory (MiB) | inputs+output+gradients (MiB) | peak / those | reference's (B, I, O) factors alone (MiB) |")
-    print("|---|---|---|---|")
-    print(f"| {peak / 2**20:.1f} | {need / 2**20:.1f} | {peak / need:.2f}x | {B * I * O * 4 / 2**20:.0f} |")
+    row = {"unit": "nmu", "shape": f"B={B} I={I} O={O}", "peak_bytes": peak, "need_bytes": need,
+           "reference_factors_bytes": B * I * O * 4}
+    table = (f"NMU fused forward+backward, B={B}, I={I}, O={O}, float32, {device}:\n\n" + harness.markdown_table(
+        ["peak memory (MiB)", "inputs+output+gradients (MiB)", "peak / those", "reference's (B, I, O) factors alone (MiB)"],
+        [[f"{peak / 2**20:.1f}", f"{need / 2**20:.1f}", f"{peak / need:.2f}x", f"{B * I * O * 4 / 2**20:.0f}"]]))
+    print("\n" + table)
+    return [row], table
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -141,16 +149,22 @@ def main():
     p.add_argument("--memory-shape", type=int, nargs=3, default=[4096, 1024, 1024], metavar=("B", "I", "O"))
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--skip-speed", action="store_true")
-    args = p.parse_args()
+    p.add_argument("--out", default=None, help="results stem (default: benchmarks/results/units_<device>)")
+    args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"# bench_units: torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, "
           f"nalu_cuda {nalu_cuda.build_info()}\n")
-    if not args.skip_speed:
-        bench_speed(args, args.device)
-    if not args.skip_memory:
-        bench_memory(args, args.device)
+    rows, tables = [], []
+    for skip, part in ((args.skip_speed, bench_speed), (args.skip_memory, bench_memory)):
+        if not skip:
+            r, t = part(args, args.device)
+            rows += r
+            tables.append(t)
+    meta = {"command": harness.command(__file__, argv), **harness.machine(args.device, dtype="float32")}
+    harness.write(args.out or os.path.join(harness.RESULTS, f"units_{args.device}"), meta, rows, "\n\n".join(tables),
+                  title="NAU and NMU: fused vs reference")
 
 
 if __name__ == "__main__":
