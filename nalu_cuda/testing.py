@@ -16,7 +16,8 @@ from torch import Tensor
 
 from . import _ops
 
-__all__ = ["devices", "dtypes", "rand_input", "rand_params", "tolerances", "TOLERANCES", "GRAD_TOLERANCES"]
+__all__ = ["devices", "dtypes", "rand_input", "rand_params", "tolerances", "TOLERANCES", "GRAD_TOLERANCES",
+           "assert_compiled_matches_eager"]
 
 # (rtol, atol) for fused-vs-reference comparisons of one-input layers, per dtype (values, then
 # gradients). Use ``tolerances(dtype, fan_in)``: both sides round a sum over the I inputs in a
@@ -69,3 +70,18 @@ def rand_params(shape: Sequence[int], *, scale: float = 0.5, dtype=torch.float64
                 generator: Optional[torch.Generator] = None) -> Tensor:
     """Normal weights times ``scale`` (|W| = |tanh * sigmoid| < 1 keeps exp(lx W) modest)."""
     return (torch.randn(*shape, dtype=dtype, generator=generator) * scale).to(device)
+
+
+def assert_compiled_matches_eager(model: torch.nn.Module, x: torch.Tensor) -> None:
+    """``torch.compile(model, fullgraph=True)`` (no graph break allowed) gives the eager output and
+    the eager parameter gradients of ``sum(y ** 2)``."""
+    torch._dynamo.reset()
+    y_c = torch.compile(model, fullgraph=True)(x)
+    y_c.square().sum().backward()
+    grads_c = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    y_e = model(x)
+    y_e.square().sum().backward()
+    torch.testing.assert_close(y_c, y_e)
+    for g_c, p in zip(grads_c, model.parameters()):
+        torch.testing.assert_close(g_c, p.grad)

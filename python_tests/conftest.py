@@ -10,6 +10,24 @@ from nalu_cuda import testing  # noqa: E402
 
 DEVICES = testing.devices()
 
+# The shapes of the unit tests: (E or None, batch shape, I, O).
+UNIT_SHAPES = [
+    (None, (1,), 1, 1),
+    (None, (7,), 5, 3),
+    (None, (128,), 100, 2),
+    (None, (33,), 17, 20),
+    (None, (4, 6), 9, 2),
+    (None, (), 6, 3),
+    (3, (9,), 6, 2),
+    (4, (2, 3), 5, 2),
+    (4, (2, 3), 5, 7),
+]
+
+
+def shape_ids(shapes):
+    """Test ids ``E<e>-B<batch>-I<i>-O<o>`` of ``(E, batch shape, I, O, ...)`` tuples."""
+    return [f"E{s[0]}-B{'x'.join(map(str, s[1])) or 'none'}-I{s[2]}-O{s[3]}" for s in shapes]
+
 
 @pytest.fixture(autouse=True)
 def _seed():

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import nalu_cuda
-from nalu_cuda.testing import rand_input
+from nalu_cuda.testing import assert_compiled_matches_eager, rand_input
 
 from .conftest import DEVICES
 
@@ -27,20 +27,10 @@ class Stack(torch.nn.Module):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_fullgraph_forward_backward(device):
-    torch._dynamo.reset()
     model = Stack().to(device).double()
     for p in model.parameters():  # keep exp() of the multiplicative paths modest
         p.data.mul_(0.5)
     x = rand_input((3, 16, 8), device=device)
-    compiled = torch.compile(model, fullgraph=True)
-    y_c = compiled(x)
-    y_c.square().sum().backward()
-    grads_c = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    y_e = model(x)
-    y_e.square().sum().backward()
-    torch.testing.assert_close(y_c, y_e)
-    for g_c, p in zip(grads_c, model.parameters()):
-        torch.testing.assert_close(g_c, p.grad)
+    assert_compiled_matches_eager(model, x)
     # and the fused ops are really in the graph (not the reference fallback)
     assert all(m.use_fused(x) for m in (model.nac, model.nalu))

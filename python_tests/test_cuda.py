@@ -33,6 +33,7 @@ import nalu_cuda
 from nalu_cuda import functional as F
 from nalu_cuda import reference as R
 from nalu_cuda import testing
+from .conftest import shape_ids
 
 EMULATION = os.environ.get("NALU_CUDA_TEST_EMULATION") == "1"
 DEV = "cpu" if EMULATION else "cuda"
@@ -70,7 +71,7 @@ SHAPES = [
     (2, (40,), 30, 20, "cuBLAS path, ensemble"),
     (None, (8,), 3000, 4, "cuBLAS path (weights exceed shared memory)"),
 ]
-SHAPE_IDS = [f"E{e}-B{'x'.join(map(str, b))}-I{i}-O{o}" for e, b, i, o, _ in SHAPES]
+SHAPE_IDS = shape_ids(SHAPES)
 
 
 def _dev():

@@ -1,5 +1,4 @@
 """The fused ops against the reference (values and every gradient), gradcheck, opcheck."""
-import itertools
 import math
 import os
 import subprocess
@@ -13,7 +12,7 @@ from nalu_cuda import functional as F
 from nalu_cuda import reference as R
 from nalu_cuda.testing import rand_input, rand_params, tolerances
 
-from .conftest import DEVICES
+from .conftest import DEVICES, shape_ids
 
 ops = torch.ops.nalu_cuda
 
@@ -31,7 +30,7 @@ SHAPES = [
     (2, (5,), 4, 20),
     (4, (2, 3), 5, 2),
 ]
-SHAPE_IDS = [f"E{e}-B{'x'.join(map(str, b)) or 'none'}-I{i}-O{o}" for e, b, i, o in SHAPES]
+SHAPE_IDS = shape_ids(SHAPES)
 
 # name -> (reference fn, fused fn, needs G, separate weights, gate)
 UNITS = {

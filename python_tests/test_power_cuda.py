@@ -21,6 +21,7 @@ import torch
 import nalu_cuda
 from nalu_cuda import reference as R
 from nalu_cuda.testing import rand_input, rand_params, tolerances
+from .conftest import shape_ids
 
 EMULATION = os.environ.get("NALU_CUDA_TEST_EMULATION") == "1"
 DEV = "cpu" if EMULATION else "cuda"
@@ -42,7 +43,7 @@ SHAPES = [
     (None, (600,), 12, 2),  # the sign product's backward in 3 row chunks
     (2, (40,), 30, 20),
 ]
-SHAPE_IDS = [f"E{e}-B{'x'.join(map(str, b))}-I{i}-O{o}" for e, b, i, o in SHAPES]
+SHAPE_IDS = shape_ids(SHAPES)
 
 
 def make(unit, E, batch, I, O, dtype=torch.float64):

@@ -10,24 +10,14 @@ import nalu_cuda
 from nalu_cuda import functional as F
 from nalu_cuda import reference as R
 from nalu_cuda import regularizers as RP
-from nalu_cuda.testing import rand_input, rand_params, tolerances
+from nalu_cuda.testing import assert_compiled_matches_eager, rand_input, rand_params, tolerances
 
-from .conftest import DEVICES
+from .conftest import DEVICES, UNIT_SHAPES, shape_ids
 
 ops = torch.ops.nalu_cuda
 
-# (E or None, batch shape, I, O)
-SHAPES = [
-    (None, (1,), 1, 1),
-    (None, (7,), 5, 3),
-    (None, (128,), 100, 2),
-    (None, (33,), 17, 20),
-    (None, (4, 6), 9, 2),
-    (None, (), 6, 3),
-    (3, (9,), 6, 2),
-    (4, (2, 3), 5, 7),
-]
-SHAPE_IDS = [f"E{e}-B{'x'.join(map(str, b)) or 'none'}-I{i}-O{o}" for e, b, i, o in SHAPES]
+SHAPES = UNIT_SHAPES
+SHAPE_IDS = shape_ids(SHAPES)
 
 # name -> (reference fn, fused fn, parameter names after x)
 UNITS = {
@@ -365,19 +355,9 @@ def test_npu_project_clamps_the_gate():
 
 @pytest.mark.compile
 def test_compile_fullgraph_forward_backward():
-    torch._dynamo.reset()
     model = torch.nn.Sequential(nalu_cuda.INALU(6, 4, ensemble=2), nalu_cuda.NPU(4, 3, ensemble=2),
                                 nalu_cuda.RealNPU(3, 2, ensemble=2)).double()
-    x = rand_input((2, 8, 6))
-    y_c = torch.compile(model, fullgraph=True)(x)
-    y_c.square().sum().backward()
-    grads_c = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    y_e = model(x)
-    y_e.square().sum().backward()
-    torch.testing.assert_close(y_c, y_e)
-    for g_c, p in zip(grads_c, model.parameters()):
-        torch.testing.assert_close(g_c, p.grad)
+    assert_compiled_matches_eager(model, rand_input((2, 8, 6)))
 
 
 # ------------------------------------------------------------------------------------------------

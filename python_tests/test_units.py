@@ -8,26 +8,16 @@ import nalu_cuda
 from nalu_cuda import functional as F
 from nalu_cuda import reference as R
 from nalu_cuda import regularizers
-from nalu_cuda.testing import rand_input, tolerances
+from nalu_cuda.testing import assert_compiled_matches_eager, rand_input, tolerances
 
-from .conftest import DEVICES
+from .conftest import DEVICES, UNIT_SHAPES, shape_ids
 
 ops = torch.ops.nalu_cuda
 
 UNITS = {"nau": (R.nau, F.nau), "nmu": (R.nmu, F.nmu)}
 
-# (E or None, batch shape, I, O)
-SHAPES = [
-    (None, (1,), 1, 1),
-    (None, (7,), 5, 3),
-    (None, (128,), 100, 2),
-    (None, (33,), 17, 20),
-    (None, (4, 6), 9, 2),
-    (None, (), 6, 3),
-    (3, (9,), 6, 2),
-    (4, (2, 3), 5, 2),
-]
-SHAPE_IDS = [f"E{e}-B{'x'.join(map(str, b)) or 'none'}-I{i}-O{o}" for e, b, i, o in SHAPES]
+SHAPES = UNIT_SHAPES
+SHAPE_IDS = shape_ids(SHAPES)
 
 
 def rand_weights(unit, shape, dtype=torch.float64, device="cpu"):
@@ -113,19 +103,9 @@ def test_opcheck(unit, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_fullgraph_nau_nmu_model(device):
     # Madsen & Johansen's "NMU model" (NAU -> NMU), as an ensemble of 3, compiled without graph breaks.
-    torch._dynamo.reset()
     model = torch.nn.Sequential(nalu_cuda.NAU(6, 4, ensemble=3), nalu_cuda.NMU(4, 2, ensemble=3)).to(device).double()
     x = rand_input((3, 16, 6), device=device)
-    compiled = torch.compile(model, fullgraph=True)
-    y_c = compiled(x)
-    y_c.square().sum().backward()
-    grads_c = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    y_e = model(x)
-    y_e.square().sum().backward()
-    torch.testing.assert_close(y_c, y_e)
-    for g_c, p in zip(grads_c, model.parameters()):
-        torch.testing.assert_close(g_c, p.grad)
+    assert_compiled_matches_eager(model, x)
     assert all(m.use_fused(x) for m in model)
 
 

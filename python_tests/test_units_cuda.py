@@ -20,6 +20,7 @@ import nalu_cuda
 from nalu_cuda import functional as F
 from nalu_cuda import reference as R
 from nalu_cuda import testing
+from .conftest import shape_ids
 
 EMULATION = os.environ.get("NALU_CUDA_TEST_EMULATION") == "1"
 DEV = "cpu" if EMULATION else "cuda"
@@ -43,7 +44,7 @@ SHAPES = [
     (None, (300,), 8, 1, "many rows: several weight-gradient chunks"),
     (None, (3,), 1100, 2, "35 rounds: more rounds than lanes"),
 ]
-SHAPE_IDS = [f"E{e}-B{'x'.join(map(str, b))}-I{i}-O{o}" for e, b, i, o, _ in SHAPES]
+SHAPE_IDS = shape_ids(SHAPES)
 
 
 def make(unit, E, batch, I, O):
