@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,7 @@ import nalu_cuda
 
 from ...cli import mnist_directory, non_negative_int, positive_int
 from .. import registry
+from ..params import task_params
 from ..parts.layers import EnsembleCNN, EnsembleLinear, ensemble_gather
 from ..parts.mnist_data import DigitImages, load_digit_images
 from ..parts.optim import FlatAdam
@@ -59,28 +61,34 @@ DEFAULT_LENGTHS = (1, 10, 100, 1000)
 # test sequences per length (fewer for the long ones: each one holds many digits)
 DEFAULT_TEST_SEQS = {1: 1000, 10: 400, 100: 100, 1000: 40}
 
-BASE_PARAMS: Dict[str, Any] = {
-    "train_length": 10,
-    "lengths": list(DEFAULT_LENGTHS),
-    "batch": 32,            # sequences per step
-    "pool": 64,             # images through the CNN per step; the batch's sequences draw from them
-    "lr": 0.01,             # code layer, the baselines' recurrent layers and read-outs
-    "cnn_lr": 0.001,        # the CNN (Adam at 0.01 wrecks a pre-trained CNN within 50 steps)
-    "code_lr": 0.05,        # the code layer (addition needs one code unit equal to the digit, up to 9)
-    "arith_lr": 0.05,       # the NAC / NALU cell (its saturating weights need larger steps)
-    "hidden": 32,           # LSTM / GRU units
-    "code": 10,             # code width
-    "channels": [8, 16],
-    "cnn_hidden": 64,       # ReLU units between the convolutions and the class scores
-    "pretrain_steps": 0,    # steps of CNN pre-training as a single-image classifier (0: end to end only)
-    "pretrain_lr": 0.01,
-    "out_scale": None,      # fixed factor on every model's output; None: 10 for addition, 1 for counting
-    "clip": 10.0,
-    "eval_every": 100,
-    "n_val": 200,
-    "mnist_dir": None,
-    "max_train": None,
-}
+@dataclass(frozen=True)
+class DigitsParams:
+    """The parameters of a digits configuration (``Config.params``, typed by :func:`task_params`)."""
+
+    task: str                   # counting or addition (set by every configuration)
+    model: str                  # one of MODELS (set by every configuration)
+    train_length: int = 10
+    lengths: Tuple[int, ...] = DEFAULT_LENGTHS
+    batch: int = 32             # sequences per step
+    pool: int = 64              # images through the CNN per step; the batch's sequences draw from them
+    lr: float = 0.01            # code layer, the baselines' recurrent layers and read-outs
+    cnn_lr: float = 0.001       # the CNN (Adam at 0.01 wrecks a pre-trained CNN within 50 steps)
+    code_lr: float = 0.05       # the code layer (addition needs one code unit equal to the digit, up to 9)
+    arith_lr: float = 0.05      # the NAC / NALU cell (its saturating weights need larger steps)
+    hidden: int = 32            # LSTM / GRU units
+    code: int = 10              # code width
+    channels: Tuple[int, ...] = (8, 16)
+    cnn_hidden: int = 64        # ReLU units between the convolutions and the class scores
+    pretrain_steps: int = 0     # steps of CNN pre-training as a single-image classifier (0: end to end only)
+    pretrain_lr: float = 0.01
+    out_scale: Optional[float] = None  # fixed factor on every model's output; None: 10 for addition, 1 for counting
+    clip: float = 10.0
+    eval_every: int = 100
+    n_val: int = 200
+    mnist_dir: Optional[str] = None
+    max_train: Optional[int] = None
+    # test sequences per length (JSON keys are strings); None: DEFAULT_TEST_SEQS
+    test_seqs: Optional[Dict[Any, int]] = None
 
 
 def output_dim(task: str) -> int:
@@ -235,30 +243,29 @@ def recurrent_weight_deviation(model: DigitSequenceModel) -> Optional[Tensor]:
 
 
 def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
-    p = {**BASE_PARAMS, **config.params}
-    task, kind = p["task"], p["model"]
+    p = task_params(DigitsParams, config)
+    task, kind = p.task, p.model
     device, dtype, backend, seeds = run_setting(config, ctx)
     E = len(seeds)
-    data: DigitImages = load_digit_images(p["mnist_dir"], max_train=p["max_train"]).to(device)
+    data: DigitImages = load_digit_images(p.mnist_dir, max_train=p.max_train).to(device)
     cast = lambda t: t.to(dtype)  # noqa: E731
     train_x, val_x, test_x = cast(data.train_x), cast(data.val_x), cast(data.test_x)
 
     torch.manual_seed(seeds[0])
-    model = DigitSequenceModel(E, data.image_shape, task, kind, hidden=p["hidden"], code=p["code"],
-                               channels=p["channels"], cnn_hidden=p["cnn_hidden"], backend=backend,
-                               out_scale=p["out_scale"] or (10.0 if task == "addition" else 1.0))
+    model = DigitSequenceModel(E, data.image_shape, task, kind, hidden=p.hidden, code=p.code,
+                               channels=p.channels, cnn_hidden=p.cnn_hidden, backend=backend,
+                               out_scale=p.out_scale or (10.0 if task == "addition" else 1.0))
     model.reset_parameters(seeds)
     model.to(device=device, dtype=dtype)
     pre_acc = None
-    if int(p["pretrain_steps"]) > 0 and ctx.load_checkpoint() is None:
-        pre_acc = pretrain_cnn(model.cnn, train_x, data.train_y, seeds, int(p["pretrain_steps"]), float(p["pretrain_lr"]))
-    opt = _optimizer(model, E, float(p["lr"]), float(p["arith_lr"]), float(p["cnn_lr"]), float(p["code_lr"]),
-                        float(p["clip"]))
+    if p.pretrain_steps > 0 and ctx.load_checkpoint() is None:
+        pre_acc = pretrain_cnn(model.cnn, train_x, data.train_y, seeds, p.pretrain_steps, p.pretrain_lr)
+    opt = _optimizer(model, E, p.lr, p.arith_lr, p.cnn_lr, p.code_lr, p.clip)
     gens = member_generators(seeds, "digits/data")  # the data stream of seed s is the same for every model
-    T, B, P = int(p["train_length"]), int(p["batch"]), int(p["pool"])
+    T, B, P = p.train_length, p.batch, p.pool
     n_train = len(data.train_y)
 
-    val_idx = fixed_sequences(len(data.val_y), int(p["n_val"]), T, 777).to(device)
+    val_idx = fixed_sequences(len(data.val_y), p.n_val, T, 777).to(device)
     val_tgt = sequence_targets(task, data.val_y[val_idx]).to(dtype)
 
     def train_step(step: int) -> Tensor:
@@ -276,10 +283,10 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
         return ((pred - val_tgt) ** 2).mean(dim=(1, 2))
 
     res = train_ensemble(model, E, steps=config.steps, step_loss=train_step, validate=validate, opt=opt, ctx=ctx,
-                         project=_projection(model), eval_every=int(p["eval_every"]),
+                         project=_projection(model), eval_every=p.eval_every,
                          stream_state=generator_state(gens), restore_best=True, desc=f"digits {config.name}")
-    n_seqs = {int(k): v for k, v in (p.get("test_seqs") or DEFAULT_TEST_SEQS).items()}
-    metrics = evaluate_lengths(model, task, test_x, data.test_y, p["lengths"], n_seqs, E)
+    n_seqs = {int(k): v for k, v in (p.test_seqs or DEFAULT_TEST_SEQS).items()}
+    metrics = evaluate_lengths(model, task, test_x, data.test_y, p.lengths, n_seqs, E)
     dev = recurrent_weight_deviation(model)
     records = []
     for e, s in enumerate(seeds):
@@ -462,7 +469,7 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     by = {r.config.name: r.summary for r in results}
     by_result = {r.config.name: r for r in results}
     lengths = sorted({L for r in results for L in r.config.params.get("lengths", DEFAULT_LENGTHS)})
-    train_len = int(results[0].config.params.get("train_length", BASE_PARAMS["train_length"]))
+    train_len = int(results[0].config.params.get("train_length", DigitsParams.train_length))
     extra0 = results[0].extra or {}
     lines = [CLAIM, ""]
     lines.append(f"Images: {extra0.get('images', '?')} ({extra0.get('image_sizes', {})}); train length {train_len}; "

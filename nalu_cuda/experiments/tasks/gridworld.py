@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -46,6 +47,7 @@ from torch import Tensor, nn
 import nalu_cuda
 
 from .. import registry
+from ..params import task_params
 from ..parts.gridworld_env import ACTIONS, FRAME, GridWorldVectorEnv, positions, render_frames, to_image
 from ..parts.layers import EnsembleLinear
 from ..parts.seeding import member_generators
@@ -275,35 +277,55 @@ def evaluate_by_T(model: GridAgent, Ts: Sequence[int], episodes: int, *, seed: i
 # Run
 # ------------------------------------------------------------------------------------------------
 
-BASE_PARAMS: Dict[str, Any] = {
-    "t_low": 5, "t_high": 12, "slack": 5,
-    "envs": 16,            # episodes per seed and update
-    "lr": 1e-3, "clip": 1.0, "gamma": 0.99, "lmbda": 0.95, "value_coef": 0.5, "entropy_coef": 0.01,
-    "hidden": 64, "features": 64, "conv": [[16, 3, 1], [32, 3, 2]], "pool": 4, "nac_size": 2,
-    "eval_every": 50, "n_val": 64,
-    "eval_t_max": 25, "episodes": 20, "render_T": [8, 16],
-}
+@dataclass(frozen=True)
+class GridworldParams:
+    """The parameters of a gridworld configuration (``Config.params``, typed by :func:`task_params`)."""
+
+    agent: str                  # one of AGENTS (set by every configuration)
+    # training episodes: T ~ U{t_low, t_high}, at most T + slack steps
+    t_low: int = 5
+    t_high: int = 12
+    slack: int = 5
+    envs: int = 16              # episodes per seed and update
+    lr: float = 1e-3            # Adam, with gradient-norm clipping per seed
+    clip: float = 1.0
+    # the A2C loss (a2c_loss)
+    gamma: float = 0.99
+    lmbda: float = 0.95
+    value_coef: float = 0.5
+    entropy_coef: float = 0.01
+    # the agent (GridAgent)
+    hidden: int = 64
+    features: int = 64
+    conv: Tuple[Tuple[int, int, int], ...] = ((16, 3, 1), (32, 3, 2))
+    pool: int = 4
+    nac_size: int = 2
+    # model selection and evaluation
+    eval_every: int = 50
+    n_val: int = 64
+    eval_t_max: int = 25
+    episodes: int = 20
+    render_T: Tuple[int, ...] = (8, 16)
 
 
 def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
-    p = {**BASE_PARAMS, **config.params}
+    p = task_params(GridworldParams, config)
     device, dtype, backend, seeds = run_setting(config, ctx)
     E = len(seeds)
-    model = GridAgent(E, p["agent"], hidden=int(p["hidden"]), features=int(p["features"]), conv=p["conv"],
-                      pool=int(p["pool"]), nac_size=int(p["nac_size"]), backend=backend)
+    model = GridAgent(E, p.agent, hidden=p.hidden, features=p.features, conv=p.conv, pool=p.pool,
+                      nac_size=p.nac_size, backend=backend)
     model.reset_parameters(seeds)
     model.to(device=device, dtype=dtype)
     env_gen, act_gen = member_generators(seeds[:1], "gridworld/env")[0], member_generators(seeds[:1], "gridworld/act")[0]
-    lo, hi, slack = int(p["t_low"]), int(p["t_high"]), int(p["slack"])
-    train_env = GridWorldVectorEnv(E * int(p["envs"]), t_low=lo, t_high=hi, slack=slack)
-    val_env = GridWorldVectorEnv(E * int(p["n_val"]), t_low=lo, t_high=hi, slack=slack)
+    lo, hi, slack = p.t_low, p.t_high, p.slack
+    train_env = GridWorldVectorEnv(E * p.envs, t_low=lo, t_high=hi, slack=slack)
+    val_env = GridWorldVectorEnv(E * p.n_val, t_low=lo, t_high=hi, slack=slack)
     val_success: List[float] = []
 
     def train_step(step: int) -> Tensor:
         ep = play(model, train_env, seed=_seed_from(env_gen), act_gen=act_gen)
         loss, _ = a2c_loss(ep["logits"], ep["values"], ep["actions"], ep["rewards"], ep["done"], ep["mask"],
-                           gamma=float(p["gamma"]), lmbda=float(p["lmbda"]), value_coef=float(p["value_coef"]),
-                           entropy_coef=float(p["entropy_coef"]))
+                           gamma=p.gamma, lmbda=p.lmbda, value_coef=p.value_coef, entropy_coef=p.entropy_coef)
         return loss
 
     def validate() -> Tensor:
@@ -312,12 +334,12 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
         return -ep["rewards"].sum(2).mean(1)
 
     res = train_ensemble(model, E, steps=config.steps, step_loss=train_step, validate=validate,
-                         on_eval=lambda step: {"val_success": list(val_success)}, ctx=ctx, lr=float(p["lr"]),
-                         clip=float(p["clip"]), eval_every=int(p["eval_every"]),
+                         on_eval=lambda step: {"val_success": list(val_success)}, ctx=ctx, lr=p.lr,
+                         clip=p.clip, eval_every=p.eval_every,
                          stream_state=generator_state([env_gen, act_gen]), restore_best=True,
                          desc=f"gridworld {config.name}")
-    Ts = list(range(1, int(p["eval_t_max"]) + 1))
-    n_ep = int(p["episodes"])
+    Ts = list(range(1, p.eval_t_max + 1))
+    n_ep = p.episodes
     counts = evaluate_by_T(model, Ts, n_ep, seed=77_000, slack=slack)
     train_cols = [i for i, T in enumerate(Ts) if lo <= T <= hi]
     records = []
@@ -329,14 +351,14 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
                         "success_T13_19": rate([i for i, T in enumerate(Ts) if 13 <= T <= 19]),
                         "success_T20_up": rate([i for i, T in enumerate(Ts) if T >= 20])})
     with torch.no_grad():
-        shows = [int(T) for T in p["render_T"]]
+        shows = list(p.render_T)
         env = GridWorldVectorEnv(E * len(shows), t_low=1, t_high=max(shows), slack=slack)
         ep = play(model, env, seed=5_150, T=np.tile(shows, E), greedy=True, record=True)
     episodes = [{"T": T, "cells": ep["cells"][0, j].tolist(), "target": int(ep["target"][0, j]),
                  "arrived_at": int(ep["arrived_at"][0, j]), "actions": ep["actions"][0, j].tolist()}
                 for j, T in enumerate(shows)]
     extra = {"Ts": Ts, "episodes_per_T": n_ep, "successes": counts.tolist(), "curves": res.curves,
-             "render": episodes, "agent": p["agent"], "t_range": [lo, hi], "slack": slack}
+             "render": episodes, "agent": p.agent, "t_range": [lo, hi], "slack": slack}
     return registry.RunOutput(records=records, extra=extra)
 
 
@@ -512,7 +534,7 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     by = {r.extra.get("agent", r.config.name): r for r in results}
     c0 = results[0]
     lines = ["## Grid-world time tracking (Fig. 5)", "", CLAIM, ""]
-    envs = c0.config.params.get("envs", BASE_PARAMS["envs"])
+    envs = c0.config.params.get("envs", GridworldParams.envs)
     lines.append(f"{c0.config.seeds} seeds per agent, {c0.config.steps} updates of {envs} "
                  f"episodes per seed (T ~ U{{{c0.extra['t_range'][0]}, {c0.extra['t_range'][1]}}}); evaluation: "
                  f"{c0.extra['episodes_per_T']} greedy episodes per seed and T; success = arrival at exactly t = T. "

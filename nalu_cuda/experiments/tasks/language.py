@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -34,6 +34,7 @@ import nalu_cuda
 
 from ...cli import comma_list, non_negative_int, positive_float, positive_int
 from .. import registry
+from ..params import task_params
 from ..parts.layers import EnsembleEmbedding, EnsembleLinear
 from ..parts.optim import FlatAdam
 from ..parts.seeding import member_generators
@@ -154,14 +155,17 @@ def _mae(pred: Tensor, target: Tensor) -> Tensor:
     return torch.nan_to_num((pred - target).abs(), nan=float("inf")).mean(-1)
 
 
-BASE_PARAMS: Dict[str, Any] = {
-    "sizes": [[64, 10], [64, 20]],   # (embedding, LSTM units): the paper's 2 layer sizes
-    "lrs": [1e-3, 1e-2],             # the paper's 2 learning rates
-    "eval_every": 50,
-    "split_seed": 0,
-    "clip": 100.0,
-    "n_phrases": 5,
-}
+@dataclass(frozen=True)
+class LanguageParams:
+    """The parameters of a language configuration (``Config.params``, typed by :func:`task_params`)."""
+
+    head: str                   # one of HEADS (set by every configuration)
+    sizes: Tuple[Tuple[int, int], ...] = ((64, 10), (64, 20))  # (embedding, LSTM units): the paper's 2 layer sizes
+    lrs: Tuple[float, ...] = (1e-3, 1e-2)                      # the paper's 2 learning rates
+    eval_every: int = 50
+    split_seed: int = 0
+    clip: float = 100.0
+    n_phrases: int = 5
 
 
 def fig3_numbers(test: Sequence[int], k: int = 5) -> List[int]:
@@ -182,24 +186,22 @@ def fig3_numbers(test: Sequence[int], k: int = 5) -> List[int]:
 
 
 def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
-    p = {**BASE_PARAMS, **config.params}
-    head = p["head"]
+    p = task_params(LanguageParams, config)
+    head = p.head
     device, dtype, backend, seeds = run_setting(config, ctx)
-    lrs = [float(x) for x in p["lrs"]]
-    sizes = [tuple(int(v) for v in s) for s in p["sizes"]]
-    split = make_split(int(p["split_seed"]))
+    split = make_split(p.split_seed)
     data = {}
     for part, nums in split.items():
         tok, mask = tokens_tensor(nums)
         data[part] = (tok.to(device), mask.to(device), torch.tensor(nums, dtype=dtype, device=device))
 
     # members of one size: (lr, seed) pairs, seed-major inside each learning rate
-    members = [(lr, s) for lr in lrs for s in seeds]
+    members = [(lr, s) for lr in p.lrs for s in seeds]
     E = len(members)
     ck = ctx.load_checkpoint()
     done: List[Dict[str, Any]] = [] if ck is None else list(ck.get("done", []))
 
-    for phase, (emb, hidden) in enumerate(sizes):
+    for phase, (emb, hidden) in enumerate(p.sizes):
         if phase < len(done):
             continue
 
@@ -217,7 +219,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
         model = NumberReader(E, head, emb, hidden, backend=backend)
         model.reset_parameters([s for _, s in members])
         model.to(device=device, dtype=dtype)
-        opt = FlatAdam(model.parameters(), [lr for lr, _ in members], ensemble=E, clip=float(p["clip"]))
+        opt = FlatAdam(model.parameters(), [lr for lr, _ in members], ensemble=E, clip=p.clip)
         tr_tok, tr_mask, tr_y = data["train"]
         va_tok, va_mask, va_y = data["val"]
 
@@ -229,7 +231,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
             return ((model.predict(va_tok, va_mask) - va_y) ** 2).mean(-1)
 
         res = train_ensemble(model, E, steps=config.steps, step_loss=train_step, validate=validate, opt=opt, ctx=sub,
-                             eval_every=int(p["eval_every"]), restore_best=True, desc=f"language {head} {emb}x{hidden}")
+                             eval_every=p.eval_every, restore_best=True, desc=f"language {head} {emb}x{hidden}")
         with torch.no_grad():
             out = {}
             for part in ("train", "val", "test"):
@@ -243,7 +245,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
             gate = model.nalu_gate(te_tok, te_mask)
             if gate is not None:
                 out["nalu_gate_test"] = gate.tolist()
-            phrases = fig3_numbers(split["test"], int(p["n_phrases"]))
+            phrases = fig3_numbers(split["test"], p.n_phrases)
             ph_tok, ph_mask = tokens_tensor(phrases)
             running = model(ph_tok.to(device), ph_mask.to(device)).cpu()
         done.append({"size": [emb, hidden], "val_loss": [float(v) for v in res.best_val],
@@ -278,7 +280,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
                 overall = (v, ph, i, lr, s)
         records.append(rec)
     extra: Dict[str, Any] = {"backend": backend, "split_sizes": {k: len(v) for k, v in split.items()},
-                             "members": [[lr, s] for lr, s in members], "sizes": [list(s) for s in sizes]}
+                             "members": [[lr, s] for lr, s in members], "sizes": [list(s) for s in p.sizes]}
     if overall is not None:
         v, ph, i, lr, s = overall
         extra["selected"] = {"seed": s, "lr": lr, "size": ph["size"], "val_mse": v,
@@ -406,7 +408,7 @@ def _why(by: Dict[str, registry.ConfigResult]) -> List[str]:
         out.append(txt)
     if nac is not None:
         s = nac.summary
-        sizes = nac.config.params.get("sizes", BASE_PARAMS["sizes"])
+        sizes = nac.config.params.get("sizes", LanguageParams.sizes)
         width = max(int(h) for _, h in sizes)
         out.append(f"Why (LSTM + NAC): with |h| <= 1 and NAC weights in [-1, 1] its output is bounded by the LSTM "
                    f"width ({width} at most here), far below the targets (up to 999): train MAE "
@@ -448,8 +450,8 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     by = {r.config.params.get("head"): r for r in results}
     c0 = results[0].config
     lines = [CLAIM, ""]
-    sizes = c0.params.get("sizes", BASE_PARAMS["sizes"])
-    lrs = c0.params.get("lrs", BASE_PARAMS["lrs"])
+    sizes = c0.params.get("sizes", [list(s) for s in LanguageParams.sizes])
+    lrs = c0.params.get("lrs", list(LanguageParams.lrs))
     lines.append(f"Split {SPLIT_SIZES}; {c0.steps} full-batch Adam steps; model selection on validation loss "
                  f"over sizes (embedding, LSTM) {sizes} and learning rates {lrs}; {c0.seeds} seeds. 'Mean over "
                  "seeds' picks, for each seed, the size and learning rate with the lowest validation loss "

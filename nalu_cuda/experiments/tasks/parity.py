@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Dict, List, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,7 @@ import nalu_cuda
 
 from ...cli import mnist_directory, positive_int
 from .. import registry
+from ..params import task_params
 from ..parts.layers import EnsembleCNN, EnsembleLinear
 from ..parts.mnist_data import load_digit_images
 from ..parts.seeding import member_generators
@@ -86,40 +88,43 @@ class ParityModel(nn.Module):
         return y if self.bias is None else y + self.bias.unsqueeze(1)
 
 
-BASE_PARAMS: Dict[str, Any] = {
-    "digits": 2,
-    "batch": 64,
-    "lr": 0.003,
-    "hidden": 32,
-    "channels": [8, 16],
-    "eval_every": 100,
-    "n_val": 1000,
-    "n_test": 4000,
-    "mnist_dir": None,
-    "max_train": None,
-}
+@dataclass(frozen=True)
+class ParityParams:
+    """The parameters of a parity configuration (``Config.params``, typed by :func:`task_params`)."""
+
+    final: str                  # the final layer, one of FINALS (set by every configuration)
+    digits: int = 2
+    batch: int = 64
+    lr: float = 0.003
+    hidden: int = 32
+    channels: Tuple[int, ...] = (8, 16)
+    eval_every: int = 100
+    n_val: int = 1000
+    n_test: int = 4000
+    mnist_dir: Optional[str] = None
+    max_train: Optional[int] = None
 
 
 def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
-    p = {**BASE_PARAMS, **config.params}
+    p = task_params(ParityParams, config)
     device, dtype, backend, seeds = run_setting(config, ctx)
     E = len(seeds)
-    K = int(p["digits"])
-    data = load_digit_images(p["mnist_dir"], max_train=p["max_train"]).to(device)
+    K = p.digits
+    data = load_digit_images(p.mnist_dir, max_train=p.max_train).to(device)
     train_x, val_x, test_x = (t.to(dtype) for t in (data.train_x, data.val_x, data.test_x))
     H, W = data.image_shape
-    model = ParityModel(E, (H, K * W), p["final"], hidden=int(p["hidden"]), channels=p["channels"], backend=backend)
+    model = ParityModel(E, (H, K * W), p.final, hidden=p.hidden, channels=p.channels, backend=backend)
     model.reset_parameters(seeds)
     model.to(device=device, dtype=dtype)
     gens = member_generators(seeds, "parity/data")
-    B = int(p["batch"])
+    B = p.batch
 
     def fixed(n_images: int, n: int, seed: int) -> Tensor:
         g = torch.Generator().manual_seed(seed)
         return torch.randint(n_images, (n, K), generator=g).to(device)
 
-    val_idx = fixed(len(data.val_y), int(p["n_val"]), 901)
-    test_idx = fixed(len(data.test_y), int(p["n_test"]), 902)
+    val_idx = fixed(len(data.val_y), p.n_val, 901)
+    test_idx = fixed(len(data.test_y), p.n_test, 902)
     val_img, val_lab = compose(val_x, val_idx), parity_labels(data.val_y, val_idx)
     test_img, test_lab = compose(test_x, test_idx), parity_labels(data.test_y, test_idx)
 
@@ -139,7 +144,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
         return loss_of(model(expand(val_img)), expand(val_lab))
 
     res = train_ensemble(model, E, steps=config.steps, step_loss=train_step, validate=validate, ctx=ctx,
-                         lr=float(p["lr"]), eval_every=int(p["eval_every"]), stream_state=generator_state(gens),
+                         lr=p.lr, eval_every=p.eval_every, stream_state=generator_state(gens),
                          restore_best=True, desc=f"parity {config.name}")
     with torch.no_grad():
         logits = model(expand(test_img))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -38,6 +39,7 @@ import nalu_cuda
 
 from ...cli import positive_int
 from .. import registry
+from ..params import task_params
 from ..parts.layers import EnsembleEmbedding, EnsembleLinear, ensemble_gather
 from ..parts.seeding import member_generators
 from ..parts.sequence_models import make_recurrent
@@ -126,21 +128,25 @@ class ProgramReader(nn.Module):
         return self.head(h).squeeze(-1) * self.out_scale
 
 
-BASE_PARAMS: Dict[str, Any] = {
-    "batch": 32,
-    "lr": 0.01,
-    "emb": 32,
-    "hidden": 32,
-    "out_scale": 100.0,     # fixed factor on every model's output, the same for all models: the
-                            # training range, so that linear read-outs start at the right scale
-    "clip": 100.0,
-    "pool": 20000,          # training programs generated once; batches are drawn from them
-    "n_val": 200,
-    "n_test": 1000,         # per test domain at the end
-    "n_curve": 100,         # per test domain at every evaluation (learning curves)
-    "eval_every": 50,
-    "data_seed": 0,
-}
+@dataclass(frozen=True)
+class ProgramsParams:
+    """The parameters of a programs configuration (``Config.params``, typed by :func:`task_params`)."""
+
+    task: str                   # add or program (set by every configuration)
+    model: str                  # one of MODELS (set by every configuration)
+    batch: int = 32
+    lr: float = 0.01
+    emb: int = 32
+    hidden: int = 32
+    out_scale: float = 100.0    # fixed factor on every model's output, the same for all models: the
+                                # training range, so that linear read-outs start at the right scale
+    clip: float = 100.0
+    pool: int = 20000           # training programs generated once; batches are drawn from them
+    n_val: int = 200
+    n_test: int = 1000          # per test domain at the end
+    n_curve: int = 100          # per test domain at every evaluation (learning curves)
+    eval_every: int = 50
+    data_seed: int = 0
 
 
 def _metrics(pred: Tensor, y: Tensor) -> Dict[str, Tensor]:
@@ -151,33 +157,33 @@ def _metrics(pred: Tensor, y: Tensor) -> Dict[str, Tensor]:
 
 
 def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
-    p = {**BASE_PARAMS, **config.params}
-    task, kind = p["task"], p["model"]
+    p = task_params(ProgramsParams, config)
+    task, kind = p.task, p.model
     device, dtype, backend, seeds = run_setting(config, ctx)
     E = len(seeds)
-    ds = int(p["data_seed"])
+    ds = p.data_seed
     lo, hi = DOMAINS["interp"]
-    tr_text, tr_y = make_programs(task, int(p["pool"]), lo, hi, ds * 7919 + 1)
+    tr_text, tr_y = make_programs(task, p.pool, lo, hi, ds * 7919 + 1)
     tr_tok, tr_mask = encode_programs(tr_text)
     tr_tok, tr_mask = tr_tok.to(device), tr_mask.to(device)
     tr_y = torch.tensor(tr_y, dtype=dtype, device=device)
-    va_text, va_y = make_programs(task, int(p["n_val"]), lo, hi, ds * 7919 + 2)
+    va_text, va_y = make_programs(task, p.n_val, lo, hi, ds * 7919 + 2)
 
     def as_set(texts, ys):
         tok, mask = encode_programs(texts)
         return (tok.to(device), mask.to(device), torch.tensor(ys, dtype=dtype, device=device))
 
     val = as_set(va_text, va_y)
-    curve_sets = {d: as_set(*make_programs(task, int(p["n_curve"]), a, b, ds * 7919 + 10 + i))
+    curve_sets = {d: as_set(*make_programs(task, p.n_curve, a, b, ds * 7919 + 10 + i))
                   for i, (d, (a, b)) in enumerate(DOMAINS.items())}
-    test_sets = {d: as_set(*make_programs(task, int(p["n_test"]), a, b, ds * 7919 + 20 + i))
+    test_sets = {d: as_set(*make_programs(task, p.n_test, a, b, ds * 7919 + 20 + i))
                  for i, (d, (a, b)) in enumerate(DOMAINS.items())}
 
-    model = ProgramReader(E, kind, int(p["emb"]), int(p["hidden"]), backend=backend, out_scale=float(p["out_scale"]))
+    model = ProgramReader(E, kind, p.emb, p.hidden, backend=backend, out_scale=p.out_scale)
     model.reset_parameters(seeds)
     model.to(device=device, dtype=dtype)
     gens = member_generators(seeds, "programs/data")
-    B = int(p["batch"])
+    B = p.batch
 
     def expand(t: Tensor) -> Tensor:
         return t.unsqueeze(0).expand(E, *t.shape)
@@ -203,7 +209,7 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
         return out
 
     res = train_ensemble(model, E, steps=config.steps, step_loss=train_step, validate=validate, on_eval=on_eval, ctx=ctx,
-                         lr=float(p["lr"]), clip=float(p["clip"]), eval_every=int(p["eval_every"]),
+                         lr=p.lr, clip=p.clip, eval_every=p.eval_every,
                          stream_state=generator_state(gens), restore_best=True, desc=f"programs {config.name}")
     final = {}
     with torch.no_grad():
@@ -243,7 +249,7 @@ def profile_configs(profile: str) -> List[registry.Config]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", choices=TASKS + ("both",), default="both", help="add, program or both")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
-    parser.add_argument("--hidden", type=positive_int, default=BASE_PARAMS["hidden"], help="recurrent units")
+    parser.add_argument("--hidden", type=positive_int, default=ProgramsParams.hidden, help="recurrent units")
     add_backend_argument(parser)
 
 
@@ -331,7 +337,7 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     lines.append(f"{c0.seeds} seeds per model, {c0.steps} steps; checkpoint per seed chosen on validation programs "
                  "with integers in [0, 100); final test on 1000 programs per domain; mean over seeds with 95% "
                  "Student-t intervals. Accuracy: rounded output equals the printed value. Relative error: MAE / "
-                 f"mean |target|. Every model's output is multiplied by a fixed {fmt_num(c0.params.get('out_scale', BASE_PARAMS['out_scale']))} "
+                 f"mean |target|. Every model's output is multiplied by a fixed {fmt_num(c0.params.get('out_scale', ProgramsParams.out_scale))} "
                  "(the training range) so that linear read-outs start at the targets' scale.")
     lines.append("")
     for task in TASKS:
