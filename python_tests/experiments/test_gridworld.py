@@ -9,6 +9,7 @@ from gymnasium.utils.env_checker import check_env
 
 from nalu_cuda import cli
 from nalu_cuda.experiments.tasks import gridworld as gw
+from nalu_cuda.experiments.parts import gridworld_agent as ga
 from nalu_cuda.experiments import registry
 from nalu_cuda.experiments.parts.gridworld_env import (ENV_ID, FRAME, GridWorldEnv, GridWorldVectorEnv, cell_bounds, positions,
                                                  render_frames, set_positions)
@@ -115,7 +116,7 @@ def test_vector_env_steps_sub_environments_independently():
 
 def test_lstm_step_matches_the_sequence_lstm():
     torch.manual_seed(0)
-    lstm = gw.SteppedLSTM(5, 4, ensemble=3)
+    lstm = ga.SteppedLSTM(5, 4, ensemble=3)
     lstm.reset_parameters([torch.Generator().manual_seed(i) for i in range(3)])
     x = torch.randn(3, 2, 6, 5)
     want = EnsembleLSTM.forward(lstm, x)
@@ -125,10 +126,10 @@ def test_lstm_step_matches_the_sequence_lstm():
         torch.testing.assert_close(out, want[:, :, t])
 
 
-@pytest.mark.parametrize("kind", gw.AGENTS)
+@pytest.mark.parametrize("kind", ga.AGENTS)
 def test_agent_shapes_and_members_are_independent(kind):
     E, B = 3, 4
-    agent = gw.GridAgent(E, kind, hidden=8, features=8, conv=((2, 3, 1), (4, 3, 2)))
+    agent = ga.GridAgent(E, kind, hidden=8, features=8, conv=((2, 3, 1), (4, 3, 2)))
     agent.reset_parameters([0, 1, 2])
     env = GridWorldVectorEnv(E * B)
     obs, _ = env.reset(seed=0)
@@ -166,7 +167,7 @@ def test_a2c_loss_equals_torchrl_a2c_loss_on_one_seed():
     done[:, -1] = True
     done[0, 2] = True  # row 0 holds two episodes
     params = list(pol.parameters()) + list(val.parameters())
-    ours, _ = gw.a2c_loss(pol(feats[:, :L])[None], val(feats[:, :L]).squeeze(-1)[None], actions[None], rewards[None],
+    ours, _ = ga.a2c_loss(pol(feats[:, :L])[None], val(feats[:, :L]).squeeze(-1)[None], actions[None], rewards[None],
                           done[None], torch.ones(1, B, L, dtype=torch.bool), gamma=gamma, lmbda=lmbda,
                           value_coef=value_coef, entropy_coef=entropy_coef)
     g_ours = torch.autograd.grad(ours.sum(), params)
@@ -195,7 +196,7 @@ def test_cli_end_to_end(tmp_path):
     out = tmp_path / "run"
     assert cli.main(["gridworld", *TINY, "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert {r["config"] for r in summary["records"]} == set(gw.AGENTS)
+    assert {r["config"] for r in summary["records"]} == set(ga.AGENTS)
     result = json.loads((out / "runs" / "gridworld" / "nac" / "result.json").read_text())
     assert np.asarray(result["extra"]["successes"]).shape == (2, 13)
     report = (out / "report.md").read_text()
@@ -230,7 +231,7 @@ def test_bad_arguments_are_refused():
 def test_the_recurrent_nac_can_count_t_and_the_time_left():
     """With weights at +-1 and 0 (saturated W_hat, M_hat), the NAC agent's numerical state is
     (t, T - t) at every step t, for instructions far outside the training range too."""
-    agent = gw.GridAgent(2, "nac", hidden=8, features=8, conv=((2, 3, 1), (4, 3, 2)))
+    agent = ga.GridAgent(2, "nac", hidden=8, features=8, conv=((2, 3, 1), (4, 3, 2)))
     # rows: inputs (T, 1, u_{t-1}, v_{t-1}); columns: outputs (u_t, v_t)
     target = torch.tensor([[0.0, 1.0], [1.0, -1.0], [1.0, -1.0], [0.0, 0.0]], dtype=torch.float64)
     cell = agent.nac.cell.double()
