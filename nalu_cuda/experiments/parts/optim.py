@@ -57,6 +57,7 @@ class FlatAdam:
         self.exp_avg = torch.zeros_like(self.flat)
         self.exp_avg_sq = torch.zeros_like(self.flat)
         self.step_count = 0
+        self._step_t: Optional[Tensor] = None  # the step count on the device (resident steps)
         self._segments = None
         self._views = []
         off = 0
@@ -187,7 +188,41 @@ class FlatAdam:
         self.step()
         return nonfinite
 
+    @torch.no_grad()
+    def step_resident(self, frozen: Tensor) -> Tensor:
+        """The step of :meth:`step_ensemble` with no host round trip (nothing is read back, the
+        step count lives on the device), so that a CUDA graph can capture it: members in
+        ``frozen`` (E,) and members whose gradient has a NaN or Inf take a zero gradient; returns
+        the latter ``(E,)``. The bias corrections are computed on the device from the step count,
+        so the update is Adam's, but not bit-identical to :meth:`step`'s (host scalars)."""
+        if self._step_t is None or self._step_t.device != self.flat.device:
+            self._step_t = torch.full((), float(self.step_count), dtype=torch.float64, device=self.flat.device)
+        E = frozen.numel()
+        grads = self._member_grads(E)
+        nonfinite = ~torch.stack([torch.isfinite(g).all(1) for g in grads], 1).all(1)
+        drop = (frozen | nonfinite).unsqueeze(1)
+        for g in grads:
+            g.masked_fill_(drop, 0.0)
+        if self.clip is not None:
+            self.clip_grad_norm_()
+        self._step_t += 1
+        bc1 = 1 - torch.pow(self.beta1, self._step_t)
+        bc2 = 1 - torch.pow(self.beta2, self._step_t)
+        g = self.grad
+        self.exp_avg.lerp_(g, 1 - self.beta1)
+        self.exp_avg_sq.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
+        denom = (self.exp_avg_sq.sqrt() / bc2.sqrt().to(g.dtype)).add_(self.eps)
+        lr = self.lr if self.lr_flat is None else self.lr_flat
+        self.flat.sub_(self.exp_avg / denom * (lr / bc1).to(g.dtype))
+        return nonfinite
+
+    def sync_step_count(self) -> None:
+        """After resident steps: the host's step count from the device's (one read, at evaluations)."""
+        if self._step_t is not None:
+            self.step_count = int(self._step_t.item())
+
     def state_dict(self) -> dict:
+        self.sync_step_count()
         return {"exp_avg": self.exp_avg.clone(), "exp_avg_sq": self.exp_avg_sq.clone(), "step": self.step_count,
                 "lr": self.lr}
 
@@ -195,6 +230,7 @@ class FlatAdam:
         self.exp_avg.copy_(state["exp_avg"])
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
         self.step_count = int(state["step"])
+        self._step_t = None
 
 
 def _groups(params, lr: LearningRate) -> List[dict]:

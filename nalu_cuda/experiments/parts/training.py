@@ -212,6 +212,8 @@ def train_ensemble(
     clip_value: Optional[float] = None,
     reinit: Optional[Callable[[List[int], int], None]] = None,
     stall_min_steps: int = 10_000,
+    resident: bool = False,
+    graph: bool = False,
 ) -> TrainResult:
     """Train the ensemble ``model`` for ``steps`` Adam steps.
 
@@ -238,11 +240,26 @@ def train_ensemble(
     the members whose training loss stalled (iNALU's rule, :func:`nalu_cuda.regularizers.inalu_stalled`,
     applied at each evaluation to the mean losses of the evaluation windows since the member's last
     re-initialisation, over at least ``stall_min_steps`` steps); their Adam moments restart at 0.
+
+    ``resident``: the device-resident step (:class:`_ResidentStep`): ``batch_fn`` gets the step as a
+    0-dim int64 tensor on the training device (e.g. :class:`~.counter_stream.CounterStream`), and
+    nothing is read back to the host between evaluations (divergence flags, the loss sums and the
+    Adam step count stay on the device; a member is frozen from its first non-finite step). With
+    ``graph`` on a CUDA device, the step is captured once in a CUDA graph (after three warm-up
+    steps on a side stream) and replayed; ``graph`` needs ``resident`` and no ``regularizer``,
+    ``lr_milestones`` or ``reinit`` (host-side schedules would be frozen into the graph).
     """
     if (batch_fn is None) == (step_loss is None):
         raise ValueError("train_ensemble: give exactly one of batch_fn and step_loss")
     if (val is None) == (validate is None):
         raise ValueError("train_ensemble: give exactly one of val and validate")
+    if resident and batch_fn is None:
+        raise ValueError("train_ensemble: resident=True needs batch_fn (drawing from the step tensor)")
+    if graph and not resident:
+        raise ValueError("train_ensemble: graph=True needs resident=True")
+    if graph and (regularizer is not None or lr_milestones or reinit is not None):
+        raise ValueError("train_ensemble: graph=True cannot take a regularizer, lr_milestones or reinit (host-side "
+                         "schedules and re-initialisation); run with graph=False")
     ctx = ctx or Context(device="cpu", work_dir=".", progress=False)
     if opt is None:
         opt = FlatAdam(model.parameters(), lr, ensemble=E, clip=clip)
@@ -341,6 +358,54 @@ def train_ensemble(
         err = (model(x) - target).reshape(E, -1)
         return (err * err).mean(1)
 
+    def _eager_step(step: int) -> int:
+        """One step (the default path, bit for bit the published runs'); returns 1."""
+        nonlocal diverged
+        loss = training_loss(step)
+        penalty = None if regularizer is None else regularizer(step, loss.detach())
+        objective = loss if penalty is None else loss + penalty
+        bad = ~torch.isfinite(objective.detach())
+        diverged |= bad
+        total = torch.where(diverged, torch.zeros_like(objective), objective).sum()
+        opt.zero_grad()
+        total.backward()
+        opt.gather_grads()
+        if clip_value is not None:
+            opt.grad.clamp_(-clip_value, clip_value)
+        # Diverged members are frozen once known at an evaluation (any_diverged); from then on,
+        # so is every member that goes NaN/Inf, from its first bad step.
+        frozen = diverged if any_diverged else no_member
+        diverged |= opt.step_ensemble(frozen, freeze_nonfinite=any_diverged)
+        if project is not None:
+            with torch.no_grad():
+                project()
+        loss_acc.add_(loss.detach().double())
+        return 1
+
+    def resident_step(step: Optional[int]) -> None:
+        """One step with no host round trip (see ``resident``); ``step`` is None under a graph."""
+        x, target = batch_fn(data_step)
+        err = (model(x) - target).reshape(E, -1)
+        loss = (err * err).mean(1)
+        penalty = None if regularizer is None else regularizer(step, loss.detach())
+        objective = loss if penalty is None else loss + penalty
+        diverged.bitwise_or_(~torch.isfinite(objective.detach()))
+        total = torch.where(diverged, torch.zeros_like(objective), objective).sum()
+        opt.zero_grad()
+        total.backward()
+        if clip_value is not None:
+            opt.grad.clamp_(-clip_value, clip_value)
+        diverged.bitwise_or_(opt.step_resident(diverged))
+        if project is not None:
+            with torch.no_grad():
+                project()
+        loss_acc.add_(loss.detach().double())
+        data_step.add_(1)
+
+    if resident:
+        data_step = torch.full((), start + 1, dtype=torch.int64, device=dev)
+        runner = _ResidentStep(resident_step, graph and dev.type == "cuda")
+
     model.train()
     if start == 0:
         evaluate(0)
@@ -350,26 +415,11 @@ def train_ensemble(
         for step in range(start + 1, steps + 1):
             if bounds:
                 opt.lr = base_lr * lr_gamma ** sum(step > b for b in bounds)
-            loss = training_loss(step)
-            penalty = None if regularizer is None else regularizer(step, loss.detach())
-            objective = loss if penalty is None else loss + penalty
-            bad = ~torch.isfinite(objective.detach())
-            diverged |= bad
-            total = torch.where(diverged, torch.zeros_like(objective), objective).sum()
-            opt.zero_grad()
-            total.backward()
-            opt.gather_grads()
-            if clip_value is not None:
-                opt.grad.clamp_(-clip_value, clip_value)
-            # Diverged members are frozen once known at an evaluation (any_diverged); from then on,
-            # so is every member that goes NaN/Inf, from its first bad step.
-            frozen = diverged if any_diverged else no_member
-            diverged |= opt.step_ensemble(frozen, freeze_nonfinite=any_diverged)
-            if project is not None:
-                with torch.no_grad():
-                    project()
-            loss_acc += loss.detach().double()
-            loss_n += 1
+            if resident:
+                runner(step)
+                loss_n += 1
+            else:
+                loss_n += _eager_step(step)
             if step % eval_every == 0 or step == steps:
                 final_loss = (loss_acc / max(1, loss_n)).cpu()
                 loss_acc.zero_()
@@ -393,3 +443,34 @@ def train_ensemble(
     return TrainResult(steps=steps, best_step=best.best_step, best_val=best.best, diverged=diverged.cpu().clone(),
                        solved_at=solved_at, final_loss=final_loss, history=history,
                        wall_s=wall_before + time.perf_counter() - t0, best_state=best.saved, val_name=val_name)
+
+
+class _ResidentStep:
+    """Runs the resident step: eagerly, or (``graph``, CUDA) captured once in a CUDA graph after
+    three warm-up steps on a side stream, then replayed (one launch for the whole step)."""
+
+    WARMUP = 3
+
+    def __init__(self, body: Callable[[Optional[int]], None], graph: bool) -> None:
+        self.body = body
+        self.graph_enabled = graph
+        self.graph = None
+        self.warm = 0
+
+    def __call__(self, step: int) -> None:
+        if not self.graph_enabled:
+            self.body(step)
+            return
+        if self.graph is None:
+            if self.warm < self.WARMUP:  # warm-up steps are real steps, on a side stream
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    self.body(None)
+                torch.cuda.current_stream().wait_stream(side)
+                self.warm += 1
+                return
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):  # records the step; it runs at the replay below
+                self.body(None)
+        self.graph.replay()

@@ -29,6 +29,7 @@ from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_models import (ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model,
                                        member_generators, regularizer_schedule, sparsity_error, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
+from ..parts.counter_stream import CounterStream
 from ..parts.uniform_stream import SumTargets, UniformStream
 from ..plugin import register_task
 from ..registry import Config, Context, RunOutput
@@ -68,6 +69,8 @@ class StaticParams(ar.TaskParams):
     threshold_layout: str
     lr_milestones: Tuple[float, ...]
     lr_gamma: float
+    stream: str
+    graph: bool
 
     @classmethod
     def from_params(cls, params: Dict[str, Any]) -> "StaticParams":
@@ -76,7 +79,17 @@ class StaticParams(ar.TaskParams):
     @staticmethod
     def _parse(p: Dict[str, Any]) -> None:
         p["lr_milestones"] = tuple(p["lr_milestones"])
+        for k, v in STEP_DEFAULTS.items():
+            p.setdefault(k, v)
 
+
+# Data and step options stored in a configuration only when they differ from these defaults (so the
+# configurations, fingerprints and results of the default CPU path stay as they were).
+#   stream: "sfc64" (the CPU streams of UniformStream, drawn on the host) or "counter" (CounterStream:
+#           drawn on the training device, with the device-resident step of train_ensemble);
+#   graph:  with the counter stream on CUDA, the step captured in a CUDA graph and replayed.
+STEP_DEFAULTS: Dict[str, Any] = {"stream": "sfc64", "graph": True}
+STREAMS = ("sfc64", "counter")
 
 _THRESHOLD_CACHE: Dict[tuple, float] = {}
 
@@ -101,7 +114,7 @@ def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, nam
     if len(set(ops)) != len(ops):
         raise ValueError(f"operations repeat: {ops}")
     p = dict(DEFAULTS)
-    unknown = set(params) - set(DEFAULTS) - set(ar.REG_DEFAULTS)
+    unknown = set(params) - set(DEFAULTS) - set(ar.REG_DEFAULTS) - set(STEP_DEFAULTS)
     if unknown:
         raise ValueError(f"unknown static parameters {sorted(unknown)}")
     p.update({k: v for k, v in params.items() if v is not None})
@@ -125,6 +138,11 @@ def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, nam
     p["interp"], p["extrap"] = interp.to_list(), extrap.to_list()
     p["model"], p["ops"] = model, ops
     ar.reg_params(p, regularizer_schedule)
+    if p.get("stream", "sfc64") not in STREAMS:
+        raise ValueError(f"static: stream must be one of {STREAMS}, got {p['stream']!r}")
+    for k, v in STEP_DEFAULTS.items():
+        if p.get(k) == v:
+            p.pop(k)
     if name is None:
         hid = "" if int(p["hidden"]) == 2 else f"-h{int(p['hidden'])}"
         name = (f"{model}{hid}-{'+'.join(ops) if len(ops) < 6 else 'allops'}-{_range_name(p['interp'])}-to-"
@@ -150,12 +168,16 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
     model.reset_parameters(member_generators(member_seeds))
     model.to(dev)
 
-    stream = UniformStream(seeds, (p.batch, I), interp, chunk=16, prefetch=True,
-                              transform=SumTargets(masks.numpy(), ops))
+    resident = p.stream == "counter"
+    if resident:  # drawn on the device from (seed, step): nothing to prefetch, nothing to copy
+        stream = CounterStream(seeds, (p.batch, I), interp, device=dev, masks=masks, ops=ops)
+    else:
+        stream = UniformStream(seeds, (p.batch, I), interp, chunk=16, prefetch=True,
+                               transform=SumTargets(masks.numpy(), ops))
 
-    def batch_fn(step: int):
-        x, t = stream.next()                              # (S, B, I), (E, B, 1)
-        x, t = x.to(dev), t.to(dev)
+    def batch_fn(step):
+        x, t = stream.draw(step) if resident else stream.next()   # (S, B, I), (E, B, 1)
+        x, t = x.to(dev, non_blocking=True), t.to(dev, non_blocking=True)
         return (x if len(ops) == 1 else x.repeat(len(ops), 1, 1)), t
 
     def fixed_set(name: str, rng_range: ar.Range, n: int) -> EvalSet:
@@ -172,14 +194,18 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
     thresholds = {op: threshold_for(op, p) for op in ops}
     thr = torch.tensor([thresholds[op] for op in ops for _ in seeds], dtype=torch.float64)
 
+    hooks = training_hooks(model, p.reg, member_seeds)
     try:
         res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p.lr, eval_every=p.eval_every,
                              threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"static {cfg.name}",
-                             stream_state=(stream.state_dict, stream.load_state_dict),
-                             lr_milestones=p.lr_milestones, lr_gamma=p.lr_gamma,
-                             **training_hooks(model, p.reg, member_seeds))
+                             stream_state=None if resident else (stream.state_dict, stream.load_state_dict),
+                             lr_milestones=p.lr_milestones, lr_gamma=p.lr_gamma, resident=resident,
+                             graph=(resident and p.graph and dev.type == "cuda" and not p.lr_milestones
+                                    and "regularizer" not in hooks and "reinit" not in hooks),
+                             **hooks)
     finally:
-        stream.close()
+        if not resident:
+            stream.close()
 
     model.load_state_dict(res.best_state)
     interp_mse = evaluate_mse(model, test_i, E)
@@ -315,6 +341,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="size of the validation and test sets (default: 10000)")
     parser.add_argument("--backend", choices=("auto", "fused", "reference"), default="auto",
                         help="NAC/NALU implementation (default: auto)")
+    parser.add_argument("--stream", choices=STREAMS, default="sfc64",
+                        help="training data: sfc64 (default: per-seed SFC64 streams drawn on the host, the published "
+                             "runs' numbers) or counter (per-seed counter-based streams drawn on the training device, "
+                             "with a step that never waits for the host: use it with --device cuda; other numbers)")
+    parser.add_argument("--no-graph", dest="graph", action="store_false",
+                        help="with --stream counter on CUDA: run the step eagerly instead of replaying it as a CUDA graph")
     ar.add_reg_arguments(parser)
 
 
@@ -330,7 +362,8 @@ def configs(args: argparse.Namespace) -> List[Config]:
                                      lr=args.lr, batch=args.batch, eval_every=min(args.eval_every, steps),
                                      hidden=args.hidden,
                                      n_valid=args.n_test, n_test=args.n_test, backend=args.backend,
-                                     reg_scale=args.reg_scale, reg_start=args.reg_start, reg_end=args.reg_end))
+                                     reg_scale=args.reg_scale, reg_start=args.reg_start, reg_end=args.reg_end,
+                                     stream=args.stream, graph=args.graph))
     return out
 
 
