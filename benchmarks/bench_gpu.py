@@ -346,6 +346,38 @@ class Run:
         self.add("training", unit="nalu -> nalu", shape=f"E={E} B={B} I={I}", mode=f"{steps} steps",
                  provider="eager (fused ops, torch.optim.Adam)", steps_per_s=rate, seed_steps_per_s=rate * E,
                  median_us=1e6 / rate)
+        # The experiments' trainer on the static task's 100-seed NALU cell, data drawn on the device:
+        # the resident step eagerly, and captured in a CUDA graph and replayed (what `nalu-cuda static
+        # --device cuda --stream counter` runs).
+        from nalu_cuda.experiments.parts.arithmetic_data import Range, subset_layout
+        from nalu_cuda.experiments.parts.arithmetic_models import build_static_model
+        from nalu_cuda.experiments.parts.counter_stream import CounterStream
+        from nalu_cuda.experiments.parts.seeding import member_generators
+        from nalu_cuda.experiments.parts.training import EvalSet, train_ensemble
+
+        seeds = list(range(E))
+        masks = torch.stack([subset_layout(s, I, 0.25, 0.5).mask() for s in seeds])
+        stream = CounterStream(seeds, (B, I), Range(((1.0, 2.0),)), device=self.device, masks=masks, ops=("add",))
+        xv = torch.rand(256, I, generator=g, device=self.device) + 1
+        val = EvalSet("valid", xv, torch.bmm(xv.unsqueeze(0).expand(E, 256, I), masks.to(self.device)).sum(-1, keepdim=True))
+        for graph in (False, True):
+            if self.out_of_time(f"training resident graph={graph}", need=30):
+                return
+            model = build_static_model("nalu", I, 2, ensemble=E)
+            model.reset_parameters(member_generators(seeds))
+            model.to(self.device)
+            warm = train_ensemble(model, E, stream.draw, 10, val, eval_every=10, resident=True, graph=graph)
+            model = build_static_model("nalu", I, 2, ensemble=E)
+            model.reset_parameters(member_generators(seeds))
+            model.to(self.device)
+            res = train_ensemble(model, E, stream.draw, steps, val, eval_every=steps, resident=True, graph=graph)
+            rate = steps / res.wall_s
+            self.add("training", unit="nalu -> nalu", shape=f"E={E} B={B} I={I}", mode=f"{steps} steps",
+                     provider="train_ensemble, resident step, " + (("CUDA graph" if str(self.device).startswith("cuda")
+                                                                    else "graph asked (no graphs on a CPU: eager)")
+                                                                   if graph else "eager"),
+                     steps_per_s=rate, seed_steps_per_s=rate * E, median_us=1e6 / rate,
+                     diverged=int(res.diverged.sum()), warmup_s=warm.wall_s)
 
     def stage_compile(self):
         for shape_name in ("paper", "ensemble"):
