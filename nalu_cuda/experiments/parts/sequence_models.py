@@ -43,6 +43,19 @@ class _Recurrent(nn.Module):
     def _mask_step(m: Optional[Tensor], new: Tensor, old: Tensor) -> Tensor:
         return new if m is None else torch.where(m, new, old)
 
+    def _scan(self, x: Tensor, mask: Optional[Tensor], step, n_states: int = 1) -> Tensor:
+        """Run ``step(xt, states) -> new states`` over the steps of ``x`` ``(E, B, T, I)`` (``xt``:
+        the input projection of step t, all steps projected at once); the states start at zero and a
+        masked-out step keeps them. Returns the first state after every step ``(E, B, T, H)``."""
+        E, B, T, _ = x.shape
+        xp = self.x2h(x)
+        states = tuple(x.new_zeros(E, B, self.hidden_size) for _ in range(n_states))
+        outs = []
+        for xt, mt in zip(xp.unbind(2), self._mask_steps(mask, T)):
+            states = tuple(self._mask_step(mt, new, old) for new, old in zip(step(xt, states), states))
+            outs.append(states[0])
+        return torch.stack(outs, dim=2)
+
 
 class EnsembleLSTM(GatedCell, _Recurrent):
     """LSTM (PyTorch's gate equations) per member; ``output_sum=True`` also returns the running sum."""
@@ -50,21 +63,13 @@ class EnsembleLSTM(GatedCell, _Recurrent):
     GATES, H2H_BIAS = 4, False
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        E, B, T, _ = x.shape
-        H = self.hidden_size
-        xp = self.x2h(x)  # (E, B, T, 4H), all steps at once
-        h = x.new_zeros(E, B, H)
-        c = x.new_zeros(E, B, H)
-        outs = []
-        for xt, mt in zip(xp.unbind(2), self._mask_steps(mask, T)):
-            gates = xt + self.h2h(h)
-            i, f, g, o = gates.chunk(4, dim=-1)
+        def step(xt: Tensor, states):
+            h, c = states
+            i, f, g, o = (xt + self.h2h(h)).chunk(4, dim=-1)
             c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-            h_new = torch.sigmoid(o) * torch.tanh(c_new)
-            c = self._mask_step(mt, c_new, c)
-            h = self._mask_step(mt, h_new, h)
-            outs.append(h)
-        return torch.stack(outs, dim=2)
+            return torch.sigmoid(o) * torch.tanh(c_new), c_new
+
+        return self._scan(x, mask, step, n_states=2)
 
 
 class EnsembleGRU(GatedCell, _Recurrent):
@@ -73,20 +78,15 @@ class EnsembleGRU(GatedCell, _Recurrent):
     GATES, H2H_BIAS = 3, True
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        E, B, T, _ = x.shape
-        H = self.hidden_size
-        xp = self.x2h(x)
-        h = x.new_zeros(E, B, H)
-        outs = []
-        for xt, mt in zip(xp.unbind(2), self._mask_steps(mask, T)):
+        def step(xt: Tensor, states):
+            (h,) = states
             xr, xz, xn = xt.chunk(3, dim=-1)
             hr, hz, hn = self.h2h(h).chunk(3, dim=-1)
             r = torch.sigmoid(xr + hr)
             z = torch.sigmoid(xz + hz)
-            n = torch.tanh(xn + r * hn)
-            h = self._mask_step(mt, (1 - z) * n + z * h, h)
-            outs.append(h)
-        return torch.stack(outs, dim=2)
+            return ((1 - z) * torch.tanh(xn + r * hn) + z * h,)
+
+        return self._scan(x, mask, step)
 
 
 class EnsembleUGRNN(GatedCell, _Recurrent):
@@ -96,17 +96,13 @@ class EnsembleUGRNN(GatedCell, _Recurrent):
     GATES, H2H_BIAS = 2, False
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        E, B, T, _ = x.shape
-        H = self.hidden_size
-        xp = self.x2h(x)
-        h = x.new_zeros(E, B, H)
-        outs = []
-        for xt, mt in zip(xp.unbind(2), self._mask_steps(mask, T)):
+        def step(xt: Tensor, states):
+            (h,) = states
             zc, zg = (xt + self.h2h(h)).chunk(2, dim=-1)
             g = torch.sigmoid(zg)
-            h = self._mask_step(mt, g * h + (1 - g) * torch.tanh(zc), h)
-            outs.append(h)
-        return torch.stack(outs, dim=2)
+            return (g * h + (1 - g) * torch.tanh(zc),)
+
+        return self._scan(x, mask, step)
 
 
 class RecurrentArithmetic(_Recurrent):
