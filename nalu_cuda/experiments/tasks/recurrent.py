@@ -25,12 +25,13 @@ import torch
 
 from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
+from ..parts.arithmetic_results import final_errors, member_records, per_op_summaries
 from ..parts.arithmetic_models import (RECURRENT_MODELS, build_recurrent_model, check_model, member_generators,
-                                       regularizer_schedule, sparsity_error, training_hooks)
+                                       regularizer_schedule, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
 from ..parts.uniform_stream import SumTargets, UniformStream
 from ..plugin import register_task
-from ..registry import Config, ConfigResult, Context, RunOutput, default_summary
+from ..registry import Config, ConfigResult, Context, RunOutput
 
 __all__ = ["EXPERIMENT", "recurrent_config", "RecurrentParams", "run"]
 
@@ -150,27 +151,10 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
                              **training_hooks(model, p.reg, member_seeds))
     finally:
         stream.close()
-    model.load_state_dict(res.best_state)
-    interp_mse = evaluate_mse(model, test_i, E)
-    extrap_mse = evaluate_mse(model, test_x, E)
-    sparsity = sparsity_error(model, E)
+    errors = final_errors(model, res, test_i, test_x, E)
     base = _baseline(p, ops, test_i, test_x, dev)
     curve = _length_curve(model, p, ops, masks, interp, S, dev, res.diverged)
-    records = []
-    for k in range(E):
-        op = ops[k // S]
-        im, xm = float(interp_mse[k]), float(extrap_mse[k])
-        records.append({
-            "seed": member_seeds[k], "model": p.model, "op": op, "success": bool(math.isfinite(xm) and xm < thresholds[op]),
-            "diverged": bool(res.diverged[k]),
-            "solved_at": int(res.solved_at[k]) if int(res.solved_at[k]) >= 0 else None,
-            "best_step": int(res.best_step[k]), "valid_mse": float(res.best_val[k]),
-            "interp_mse": im, "extrap_mse": xm,
-            "interp_error": ar.normalised_error(im, base[op][0]),
-            "extrap_error": ar.normalised_error(xm, base[op][1]),
-            "sparsity_error": None if sparsity is None else float(sparsity[k]),
-            "threshold": thresholds[op], "final_train_loss": float(res.final_loss[k]),
-        })
+    records = member_records(p.model, ops, member_seeds, res, errors, base, thresholds)
     extra = {"thresholds": thresholds, "baseline_mse": {op: {"interp": base[op][0], "extrap": base[op][1]} for op in ops},
              "length_curve": curve, "train_wall_s": res.wall_s}
     return RunOutput(records, extra)
@@ -272,18 +256,8 @@ def profile_configs(profile: str) -> List[Config]:
 
 
 def summarize(cfg: Config, records: List[Dict[str, Any]], extra: Dict[str, Any]) -> List[Dict[str, Any]]:
-    out = []
-    p = cfg.params
-    for op in p["ops"]:
-        recs = [r for r in records if r["op"] == op]
-        s = default_summary(cfg, recs)
-        for k in ("ops", "baseline_models", "threshold_samples", "n_valid", "n_test", "n_extrap", "data_seed",
-                  "seed_offset", "curve_lengths"):
-            s.pop(k, None)
-        s.update({"op": op, "interp": str(ar.as_range(p["interp"])), "extrap": str(ar.as_range(p["extrap"])),
-                  "threshold": extra["thresholds"][op], "seeds": len(recs)})
-        out.append(s)
-    return out
+    return per_op_summaries(cfg, records, extra, ("ops", "baseline_models", "threshold_samples", "n_valid", "n_test",
+                                                  "n_extrap", "data_seed", "seed_offset", "curve_lengths"))
 
 
 def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:

@@ -26,8 +26,9 @@ import torch
 
 from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
+from ..parts.arithmetic_results import final_errors, member_records
 from ..parts.arithmetic_models import (ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model,
-                                       member_generators, regularizer_schedule, sparsity_error, training_hooks)
+                                       member_generators, regularizer_schedule, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
 from ..parts.counter_stream import CounterStream
 from ..parts.uniform_stream import SumTargets, UniformStream
@@ -207,34 +208,11 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
         if not resident:
             stream.close()
 
-    model.load_state_dict(res.best_state)
-    interp_mse = evaluate_mse(model, test_i, E)
-    extrap_mse = evaluate_mse(model, test_x, E)
-    sparsity = sparsity_error(model, E)
+    errors = final_errors(model, res, test_i, test_x, E)
     base = _random_baseline(p, ops, test_i, test_x, dev)
     range_curve = _range_curve(model, p, ops, masks, interp, S, dev, res.diverged)
-
-    records = []
-    for k in range(E):
-        op = ops[k // S]
-        seed = member_seeds[k]
-        im, xm = float(interp_mse[k]), float(extrap_mse[k])
-        div = bool(res.diverged[k])
-        success = bool(math.isfinite(xm) and xm < thresholds[op])
-        records.append({
-            "seed": seed, "model": p.model, "op": op,
-            "interp": str(interp), "extrap": str(extrap),
-            "success": success, "diverged": div,
-            "solved_at": int(res.solved_at[k]) if int(res.solved_at[k]) >= 0 else None,
-            "best_step": int(res.best_step[k]),
-            "valid_mse": float(res.best_val[k]),
-            "interp_mse": im, "extrap_mse": xm,
-            "interp_error": ar.normalised_error(im, base[op][0]),
-            "extrap_error": ar.normalised_error(xm, base[op][1]),
-            "sparsity_error": None if sparsity is None else float(sparsity[k]),
-            "threshold": thresholds[op],
-            "final_train_loss": float(res.final_loss[k]),
-        })
+    records = member_records(p.model, ops, member_seeds, res, errors, base, thresholds,
+                             ranges={"interp": str(interp), "extrap": str(extrap)})
     extra = {
         "thresholds": thresholds,
         "published_thresholds": {op: ar.PUBLISHED_THRESHOLDS[op] for op in ops},

@@ -8,7 +8,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_models import MLP_MODELS, regularizer_schedule
-from ..registry import Config, ConfigResult, default_summary
+from ..parts.arithmetic_results import per_op_summaries
+from ..registry import Config, ConfigResult
 
 __all__ = ["summarize", "report_section"]
 
@@ -16,20 +17,11 @@ __all__ = ["summarize", "report_section"]
 def summarize(cfg: Config, records: List[Dict[str, Any]], extra: Dict[str, Any]) -> List[Dict[str, Any]]:
     from .static import DEFAULTS
 
-    out = []
     p = cfg.params
-    for op in p["ops"]:
-        recs = [r for r in records if r["op"] == op]
-        s = default_summary(cfg, recs)
-        for k in ("ops", "baseline_models", "threshold_samples", "n_valid", "n_test", "data_seed", "seed_offset"):
-            s.pop(k, None)
-        s.update({"op": op, "interp": str(ar.as_range(p["interp"])), "extrap": str(ar.as_range(p["extrap"])),
-                  "threshold": extra["thresholds"][op], "published_threshold": ar.PUBLISHED_THRESHOLDS[op]
-                  if p["interp"] == DEFAULTS["interp"] and p["extrap"] == DEFAULTS["extrap"]
-                  and p["input_size"] == 100 else None,
-                  "seeds": len(recs)})
-        out.append(s)
-    return out
+    published = p["interp"] == DEFAULTS["interp"] and p["extrap"] == DEFAULTS["extrap"] and p["input_size"] == 100
+    return per_op_summaries(cfg, records, extra, ("ops", "baseline_models", "threshold_samples", "n_valid", "n_test",
+                                                  "data_seed", "seed_offset"),
+                            lambda op: {"published_threshold": ar.PUBLISHED_THRESHOLDS[op] if published else None})
 
 
 def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
