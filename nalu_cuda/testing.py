@@ -17,7 +17,7 @@ from torch import Tensor
 from . import _ops
 
 __all__ = ["devices", "dtypes", "rand_input", "rand_params", "tolerances", "TOLERANCES", "GRAD_TOLERANCES",
-           "assert_compiled_matches_eager"]
+           "assert_compiled_matches_eager", "run_reference_and_fused"]
 
 # (rtol, atol) for fused-vs-reference comparisons of one-input layers, per dtype (values, then
 # gradients). Use ``tolerances(dtype, fan_in)``: both sides round a sum over the I inputs in a
@@ -85,3 +85,17 @@ def assert_compiled_matches_eager(model: torch.nn.Module, x: torch.Tensor) -> No
     torch.testing.assert_close(y_c, y_e)
     for g_c, p in zip(grads_c, model.parameters()):
         torch.testing.assert_close(g_c, p.grad)
+
+
+def run_reference_and_fused(ref_fn, fused_fn, args: Sequence[torch.Tensor], **kwargs):
+    """``ref_fn`` and ``fused_fn`` on copies of ``args`` (leaves that require grad), each
+    back-propagated from the same random ``grad_y``; returns ``(y_ref, y_fused, ref_args,
+    fused_args)`` (the gradients in ``.grad``)."""
+    a = [t.detach().clone().requires_grad_() for t in args]
+    b = [t.detach().clone().requires_grad_() for t in args]
+    y_ref = ref_fn(*a, **kwargs)
+    y_fused = fused_fn(*b, **kwargs)
+    gy = torch.randn_like(y_ref)
+    (y_ref * gy).sum().backward()
+    (y_fused * gy).sum().backward()
+    return y_ref, y_fused, a, b

@@ -24,6 +24,18 @@ UNIT_SHAPES = [
 ]
 
 
+def unit_cases(units, shapes):
+    """Parametrize a test ``(unit, shape, dtype, device)`` over every unit, shape, float64/float32
+    and device."""
+    def mark(fn):
+        fn = pytest.mark.parametrize("unit", list(units))(fn)
+        fn = pytest.mark.parametrize("shape", shapes, ids=shape_ids(shapes))(fn)
+        fn = pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])(fn)
+        return pytest.mark.parametrize("device", DEVICES)(fn)
+
+    return mark
+
+
 def shape_ids(shapes):
     """Test ids ``E<e>-B<batch>-I<i>-O<o>`` of ``(E, batch shape, I, O, ...)`` tuples."""
     return [f"E{s[0]}-B{'x'.join(map(str, s[1])) or 'none'}-I{s[2]}-O{s[3]}" for s in shapes]

@@ -10,9 +10,9 @@ import torch
 import nalu_cuda
 from nalu_cuda import functional as F
 from nalu_cuda import reference as R
-from nalu_cuda.testing import rand_input, rand_params, tolerances
+from nalu_cuda.testing import rand_input, rand_params, run_reference_and_fused, tolerances
 
-from .conftest import DEVICES, shape_ids
+from .conftest import DEVICES, shape_ids, unit_cases
 
 ops = torch.ops.nalu_cuda
 
@@ -63,21 +63,10 @@ def make_args(unit, E, batch, I, O, dtype, device, scale=0.5):
 
 
 def run_both(unit, args, kwargs):
-    ref_fn, fused_fn = UNITS[unit][:2]
-    a = [t.detach().clone().requires_grad_() for t in args]
-    b = [t.detach().clone().requires_grad_() for t in args]
-    y_ref = ref_fn(*a, **kwargs)
-    y_fused = fused_fn(*b, **kwargs)
-    gy = torch.randn_like(y_ref)
-    (y_ref * gy).sum().backward()
-    (y_fused * gy).sum().backward()
-    return y_ref, y_fused, a, b
+    return run_reference_and_fused(*UNITS[unit][:2], args, **kwargs)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("unit", list(UNITS))
+@unit_cases(UNITS, SHAPES)
 def test_fused_matches_reference(unit, shape, dtype, device):
     E, batch, I, O = shape
     args, kwargs = make_args(unit, E, batch, I, O, dtype, device)

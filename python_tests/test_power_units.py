@@ -10,9 +10,9 @@ import nalu_cuda
 from nalu_cuda import functional as F
 from nalu_cuda import reference as R
 from nalu_cuda import regularizers as RP
-from nalu_cuda.testing import assert_compiled_matches_eager, rand_input, rand_params, tolerances
+from nalu_cuda.testing import assert_compiled_matches_eager, rand_input, rand_params, run_reference_and_fused, tolerances
 
-from .conftest import DEVICES, UNIT_SHAPES, shape_ids
+from .conftest import DEVICES, UNIT_SHAPES, shape_ids, unit_cases
 
 ops = torch.ops.nalu_cuda
 
@@ -43,15 +43,7 @@ def make_args(unit, E, batch, I, O, dtype, device, x=None):
 
 
 def run_both(unit, args, **kw):
-    ref_fn, fused_fn, _ = UNITS[unit]
-    a = [t.detach().clone().requires_grad_() for t in args]
-    b = [t.detach().clone().requires_grad_() for t in args]
-    y_ref = ref_fn(*a, **kw)
-    y_fused = fused_fn(*b, **kw)
-    gy = torch.randn_like(y_ref)
-    (y_ref * gy).sum().backward()
-    (y_fused * gy).sum().backward()
-    return y_ref, y_fused, a, b
+    return run_reference_and_fused(*UNITS[unit][:2], args, **kw)
 
 
 def assert_both_close(unit, args, dtype, I, **kw):
@@ -63,10 +55,7 @@ def assert_both_close(unit, args, dtype, I, **kw):
         torch.testing.assert_close(q.grad, p.grad, rtol=grtol, atol=gatol, msg=lambda m: f"grad {name}: {m}")
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("unit", list(UNITS))
+@unit_cases(UNITS, SHAPES)
 def test_fused_matches_reference(unit, shape, dtype, device):
     E, batch, I, O = shape
     assert_both_close(unit, make_args(unit, E, batch, I, O, dtype, device), dtype, I)

@@ -10,7 +10,7 @@ from nalu_cuda import reference as R
 from nalu_cuda import regularizers
 from nalu_cuda.testing import assert_compiled_matches_eager, rand_input, tolerances
 
-from .conftest import DEVICES, UNIT_SHAPES, shape_ids
+from .conftest import DEVICES, UNIT_SHAPES, shape_ids, unit_cases
 
 ops = torch.ops.nalu_cuda
 
@@ -52,10 +52,7 @@ def assert_matches(unit, x, W, dtype, I):
     torch.testing.assert_close(gW, gW_ref, rtol=rtol, atol=atol, msg=lambda m: f"grad W: {m}")
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("unit", list(UNITS))
+@unit_cases(UNITS, SHAPES)
 def test_fused_matches_reference(unit, shape, dtype, device):
     E, batch, I, O = shape
     x, W = make_args(unit, E, batch, I, O, dtype, device)

@@ -14,7 +14,14 @@ from . import arithmetic_data as ar
 from .arithmetic_models import sparsity_error
 from .training import EvalSet, TrainResult, evaluate_mse
 
-__all__ = ["final_errors", "member_records", "per_op_summaries"]
+__all__ = ["ensemble_members", "final_errors", "member_records", "per_op_summaries"]
+
+
+def ensemble_members(ops: Sequence[str], seed_offset: int, seeds: int) -> Tuple[List[int], List[int]]:
+    """The seeds of a configuration (``seed_offset`` on) and the seed of every member: member
+    ``k`` trains operation ``ops[k // seeds]`` with seed ``seeds[k % seeds]``."""
+    own = [seed_offset + s for s in range(seeds)]
+    return own, [s for _ in ops for s in own]
 
 
 def final_errors(model: nn.Module, res: TrainResult, test_i: EvalSet, test_x: EvalSet,

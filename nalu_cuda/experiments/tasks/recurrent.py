@@ -25,7 +25,7 @@ import torch
 
 from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
-from ..parts.arithmetic_results import final_errors, member_records, per_op_summaries
+from ..parts.arithmetic_results import ensemble_members, final_errors, member_records, per_op_summaries
 from ..parts.arithmetic_models import (RECURRENT_MODELS, build_recurrent_model, check_model, member_generators,
                                        regularizer_schedule, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
@@ -112,11 +112,9 @@ def _shared_targets(x: torch.Tensor, masks: torch.Tensor, ops: Sequence[str]) ->
 def run(cfg: Config, ctx: Context) -> RunOutput:
     p = RecurrentParams.from_params(cfg.params)
     torch.manual_seed(0)
-    ops = p.ops
-    S = cfg.seeds
-    seeds = [p.seed_offset + s for s in range(S)]
-    E = len(ops) * S
-    member_seeds = [s for _ in ops for s in seeds]
+    ops, S = p.ops, cfg.seeds
+    seeds, member_seeds = ensemble_members(ops, p.seed_offset, S)
+    E = len(member_seeds)
     I, T, L = p.input_size, p.train_length, p.extrap_length
     interp, extrap = p.interp, p.extrap
     dev = torch.device(ctx.device)

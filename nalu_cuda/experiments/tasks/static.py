@@ -26,7 +26,7 @@ import torch
 
 from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
-from ..parts.arithmetic_results import final_errors, member_records
+from ..parts.arithmetic_results import ensemble_members, final_errors, member_records
 from ..parts.arithmetic_models import (ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model,
                                        member_generators, regularizer_schedule, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
@@ -154,11 +154,9 @@ def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, nam
 def run(cfg: Config, ctx: Context) -> RunOutput:
     p = StaticParams.from_params(cfg.params)
     torch.manual_seed(0)
-    ops = p.ops
-    S = cfg.seeds
-    seeds = [p.seed_offset + s for s in range(S)]
-    E = len(ops) * S
-    member_seeds = [s for _ in ops for s in seeds]
+    ops, S = p.ops, cfg.seeds
+    seeds, member_seeds = ensemble_members(ops, p.seed_offset, S)
+    E = len(member_seeds)
     I = p.input_size
     interp, extrap = p.interp, p.extrap
     dev = torch.device(ctx.device)
