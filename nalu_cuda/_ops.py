@@ -11,7 +11,7 @@ The library comes from the extension module ``nalu_cuda._C`` or, when the enviro
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -336,15 +336,7 @@ def _npu_out_shape(op: str, x: Tensor, W_r: Tensor, W_i: Optional[Tensor], g: Te
         _check_match(op, "W_i", W_i, "x", x)
         if W_i.shape != W_r.shape:
             _fail(op, f"argument 'W_i' must have the shape of 'W_r' {list(W_r.shape)}, got {list(W_i.shape)}")
-    I, O = W_r.shape[-2], W_r.shape[-1]
-    if W_r.dim() == 3:
-        E = W_r.shape[0]
-        if x.dim() < 2 or x.shape[0] != E or x.shape[-1] != I:
-            _fail(op, f"argument 'x' must have shape (E, ..., in) = ({E}, ..., {I}) to match ensemble "
-                      f"weights 'W_r' {list(W_r.shape)}, got {list(x.shape)}")
-    elif x.dim() < 1 or x.shape[-1] != I:
-        _fail(op, f"argument 'x' must have shape (..., in) = (..., {I}) to match 'W_r' "
-                  f"{list(W_r.shape)}, got {list(x.shape)}")
+    I, O = _check_x_matches(op, x, W_r, "W_r")
     _check_float(op, "g", g)
     _check_match(op, "g", g, "x", x)
     want = list(W_r.shape[:-2]) + [I]
@@ -412,16 +404,22 @@ def _unit_out_shape(op: str, x: Tensor, W: Tensor) -> list:
         _fail(op, f"argument 'W' must have the dtype of 'x' ({x.dtype}), got {W.dtype}")
     if W.device != x.device:
         _fail(op, f"argument 'W' must be on the device of 'x' ({x.device}), got {W.device}")
+    _, O = _check_x_matches(op, x, W, "W")
+    return list(x.shape[:-1]) + [O]
+
+
+def _check_x_matches(op: str, x: Tensor, W: Tensor, name: str) -> Tuple[int, int]:
+    """``x`` of shape (..., in) for weights (in, out), or (E, ..., in) for (E, in, out); returns (in, out)."""
     I, O = W.shape[-2], W.shape[-1]
     if W.dim() == 3:
         E = W.shape[0]
         if x.dim() < 2 or x.shape[0] != E or x.shape[-1] != I:
             _fail(op, f"argument 'x' must have shape (E, ..., in) = ({E}, ..., {I}) to match ensemble "
-                      f"weights 'W' {list(W.shape)}, got {list(x.shape)}")
+                      f"weights '{name}' {list(W.shape)}, got {list(x.shape)}")
     elif x.dim() < 1 or x.shape[-1] != I:
-        _fail(op, f"argument 'x' must have shape (..., in) = (..., {I}) to match 'W' {list(W.shape)}, "
+        _fail(op, f"argument 'x' must have shape (..., in) = (..., {I}) to match '{name}' {list(W.shape)}, "
                   f"got {list(x.shape)}")
-    return list(x.shape[:-1]) + [O]
+    return I, O
 
 
 def _check_grad_y(op: str, grad_y: Tensor, shape: list, x: Tensor) -> None:
