@@ -9,6 +9,8 @@
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
+#include "registration.h"
+
 namespace nalu_cuda {
 namespace {
 
@@ -87,12 +89,18 @@ void register_autocast(torch::Library& m) {
 
 }  // namespace
 
+// The one registration of the autocast keys: the ops of this file, then those of
+// autocast_power.cpp and autocast_units.cpp (registration.h).
 TORCH_LIBRARY_IMPL(nalu_cuda, AutocastCPU, m) {
   register_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>(m);
+  register_power_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>(m);
+  register_units_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>(m);
 }
 
 TORCH_LIBRARY_IMPL(nalu_cuda, AutocastCUDA, m) {
   register_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>(m);
+  register_power_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>(m);
+  register_units_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>(m);
 }
 
 }  // namespace nalu_cuda

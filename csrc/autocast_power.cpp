@@ -8,6 +8,8 @@
 
 #include <tuple>
 
+#include "registration.h"
+
 namespace nalu_cuda {
 namespace {
 
@@ -21,14 +23,12 @@ using InaluForwardSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(T, T,
 using InaluBackwardSig = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>(T, T, T, T, T, T, T, T, T, T, T,
                                                                                     double, double, bool);
 
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
+}  // namespace
 
-// Each lambda looks its own op up once (a static inside a shared helper would be shared by all).
+// Registered by autocast.cpp (registration.h). Each lambda looks its own op up once (a static inside
+// a shared helper would be shared by all).
 template <c10::DispatchKey K, c10::DeviceType D>
-void register_autocast(torch::Library& m) {
+void register_power_autocast(torch::Library& m) {
   m.impl("npu_forward", [](T x, T W_r, OptT W_i, T g, double eps) {
     static const auto op = find_op<NpuForwardSig>("nalu_cuda::npu_forward");
     c10::impl::ExcludeDispatchKeyGuard no_autocast(K);
@@ -56,14 +56,7 @@ void register_autocast(torch::Library& m) {
   });
 }
 
-}  // namespace
-
-TORCH_LIBRARY_IMPL(nalu_cuda, AutocastCPU, m) {
-  register_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>(m);
-}
-
-TORCH_LIBRARY_IMPL(nalu_cuda, AutocastCUDA, m) {
-  register_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>(m);
-}
+template void register_power_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>(torch::Library&);
+template void register_power_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>(torch::Library&);
 
 }  // namespace nalu_cuda

@@ -8,6 +8,8 @@
 
 #include <tuple>
 
+#include "registration.h"
+
 namespace nalu_cuda {
 namespace {
 
@@ -18,11 +20,6 @@ using ForwardSig = Tensor(T, T);
 using BackwardSig = std::tuple<Tensor, Tensor>(T, T, T, bool);
 using ForwardOp = c10::TypedOperatorHandle<ForwardSig>;
 using BackwardOp = c10::TypedOperatorHandle<BackwardSig>;
-
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
 
 template <c10::DispatchKey K, c10::DeviceType D>
 Tensor forward_f32(const ForwardOp& op, T x, T W) {
@@ -37,9 +34,12 @@ std::tuple<Tensor, Tensor> backward_f32(const BackwardOp& op, T gy, T x, T W, bo
   return op.call(f32(gy), f32(x), f32(W), gx);
 }
 
-// Each lambda looks its own op up once (a static inside a shared helper would be shared by all).
+}  // namespace
+
+// Registered by autocast.cpp (registration.h). Each lambda looks its own op up once (a static inside
+// a shared helper would be shared by all).
 template <c10::DispatchKey K, c10::DeviceType D>
-void register_autocast(torch::Library& m) {
+void register_units_autocast(torch::Library& m) {
   m.impl("nau_forward", [](T x, T W) {
     static const auto op = find_op<ForwardSig>("nalu_cuda::nau_forward");
     return forward_f32<K, D>(op, x, W);
@@ -58,14 +58,7 @@ void register_autocast(torch::Library& m) {
   });
 }
 
-}  // namespace
-
-TORCH_LIBRARY_IMPL(nalu_cuda, AutocastCPU, m) {
-  register_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>(m);
-}
-
-TORCH_LIBRARY_IMPL(nalu_cuda, AutocastCUDA, m) {
-  register_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>(m);
-}
+template void register_units_autocast<c10::DispatchKey::AutocastCPU, c10::DeviceType::CPU>(torch::Library&);
+template void register_units_autocast<c10::DispatchKey::AutocastCUDA, c10::DeviceType::CUDA>(torch::Library&);
 
 }  // namespace nalu_cuda

@@ -17,6 +17,8 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "registration.h"
+
 namespace nalu_cuda {
 namespace {
 
@@ -24,11 +26,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using at::Tensor;
 using OptTensor = c10::optional<Tensor>;
-
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
 
 Tensor or_undefined(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 
@@ -293,11 +290,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> nalu_forward_autograd(const T
 
 }  // namespace
 
+// The one registration of the Autograd key: the ops of this file, then those of autograd_power.cpp
+// and autograd_units.cpp (registration.h).
 TORCH_LIBRARY_IMPL(nalu_cuda, Autograd, m) {
   m.impl("nac_weight", &nac_weight_autograd);
   m.impl("nac_forward", &nac_forward_autograd);
   m.impl("nac_mul_forward", &nac_mul_forward_autograd);
   m.impl("nalu_forward", &nalu_forward_autograd);
+  register_power_autograd(m);
+  register_units_autograd(m);
 }
 
 }  // namespace nalu_cuda

@@ -9,6 +9,8 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "registration.h"
+
 namespace nalu_cuda {
 namespace {
 
@@ -16,11 +18,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using at::Tensor;
 using OptTensor = c10::optional<Tensor>;
-
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
 
 // Autograd runs a backward with grad mode on exactly when create_graph=True.
 void check_no_double_backward(const char* op) {
@@ -108,7 +105,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> inalu_forward_autograd(const 
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(nalu_cuda, Autograd, m) {
+// Called by autograd.cpp's TORCH_LIBRARY_IMPL (registration.h).
+void register_power_autograd(torch::Library& m) {
   m.impl("npu_forward", &npu_forward_autograd);
   m.impl("inalu_forward", &inalu_forward_autograd);
 }

@@ -11,6 +11,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "registration.h"
 #include "units.h"
 
 namespace nalu_cuda {
@@ -19,11 +20,6 @@ namespace {
 using at::Tensor;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
 
 using ForwardSig = Tensor(const Tensor&, const Tensor&);
 using BackwardSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool);
@@ -75,7 +71,8 @@ Tensor nmu_forward_autograd(const Tensor& x, const Tensor& W) { return UnitFunct
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(nalu_cuda, Autograd, m) {
+// Called by autograd.cpp's TORCH_LIBRARY_IMPL (registration.h).
+void register_units_autograd(torch::Library& m) {
   m.impl("nau_forward", &nau_forward_autograd);
   m.impl("nmu_forward", &nmu_forward_autograd);
 }

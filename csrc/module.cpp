@@ -10,6 +10,7 @@
 
 #include <tuple>
 
+#include "registration.h"  // find_op
 #include "training/flat_adam.h"
 #include "training/uniform_fill.h"
 
@@ -22,10 +23,7 @@ namespace {
 using at::Tensor;
 using OptTensor = c10::optional<Tensor>;
 
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
+using nalu_cuda::find_op;
 
 Tensor nac_weight(const Tensor& W_hat, const Tensor& M_hat) {
   static auto op = find_op<Tensor(const Tensor&, const Tensor&)>("nalu_cuda::nac_weight");

@@ -1,4 +1,5 @@
-// nalu_layer.cpp: argument checks shared by the CPU and CUDA kernels (see nalu_layer.h).
+// nalu_layer.cpp: argument checks shared by the CPU and CUDA kernels, and the pieces the checks of
+// every unit are made of (see nalu_layer.h).
 #include "nalu_layer.h"
 
 #include <ATen/ops/empty.h>
@@ -8,7 +9,6 @@
 #include <sstream>
 
 namespace nalu_cuda {
-namespace {
 
 std::string sizes_str(at::IntArrayRef sizes) {
   std::ostringstream os;
@@ -31,7 +31,32 @@ void check_matches(const char* op, const char* name, const at::Tensor& t, const 
               ref_name, "' (", ref.device(), "), got ", t.device());
 }
 
-}  // namespace
+void check_eps(const char* op, double eps) {
+  TORCH_CHECK(std::isfinite(eps) && eps > 0.0, op, ": argument 'eps' must be a positive finite number, got ", eps);
+}
+
+LayerShape layer_shape(const char* op, const at::Tensor& x, const at::Tensor& W, const char* w_name) {
+  LayerShape s;
+  s.ensemble = W.dim() == 3;
+  s.E = s.ensemble ? W.size(0) : 1;
+  s.I = W.size(-2);
+  s.O = W.size(-1);
+  if (s.ensemble) {
+    TORCH_CHECK(x.dim() >= 2 && x.size(0) == s.E && x.size(-1) == s.I, op,
+                ": argument 'x' must have shape (E, ..., in) = (", s.E, ", ..., ", s.I,
+                ") to match ensemble weights '", w_name, "' ", sizes_str(W.sizes()), ", got ",
+                sizes_str(x.sizes()));
+  } else {
+    TORCH_CHECK(x.dim() >= 1 && x.size(-1) == s.I, op, ": argument 'x' must have shape (..., in) = (..., ",
+                s.I, ") to match '", w_name, "' ", sizes_str(W.sizes()), ", got ", sizes_str(x.sizes()));
+  }
+  // Rows per member: the product of the batch dimensions (after E for an ensemble).
+  s.N = s.ensemble ? c10::multiply_integers(x.sizes().slice(1, x.dim() - 2))
+                   : c10::multiply_integers(x.sizes().slice(0, x.dim() - 1));
+  s.out_sizes = x.sizes().vec();
+  s.out_sizes.back() = s.O;
+  return s;
+}
 
 at::Tensor empty_grad(const at::Tensor& like) { return at::empty({0}, like.options()); }
 
@@ -53,25 +78,7 @@ LayerShape check_layer(const char* op, const LayerKind& kind, const at::Tensor& 
   check_weight_pair(op, p.W_hat, p.M_hat);
   check_matches(op, "W_hat", p.W_hat, "x", x);
 
-  LayerShape s;
-  s.ensemble = p.W_hat.dim() == 3;
-  s.E = s.ensemble ? p.W_hat.size(0) : 1;
-  s.I = p.W_hat.size(-2);
-  s.O = p.W_hat.size(-1);
-  if (s.ensemble) {
-    TORCH_CHECK(x.dim() >= 2 && x.size(0) == s.E && x.size(-1) == s.I, op,
-                ": argument 'x' must have shape (E, ..., in) = (", s.E, ", ..., ", s.I,
-                ") to match ensemble weights 'W_hat' ", sizes_str(p.W_hat.sizes()), ", got ",
-                sizes_str(x.sizes()));
-  } else {
-    TORCH_CHECK(x.dim() >= 1 && x.size(-1) == s.I, op, ": argument 'x' must have shape (..., in) = (..., ",
-                s.I, ") to match 'W_hat' ", sizes_str(p.W_hat.sizes()), ", got ", sizes_str(x.sizes()));
-  }
-  // Rows per member: the product of the batch dimensions (after E for an ensemble).
-  s.N = s.ensemble ? c10::multiply_integers(x.sizes().slice(1, x.dim() - 2))
-                   : c10::multiply_integers(x.sizes().slice(0, x.dim() - 1));
-  s.out_sizes = x.sizes().vec();
-  s.out_sizes.back() = s.O;
+  const LayerShape s = layer_shape(op, x, p.W_hat, "W_hat");
 
   if (kind.mul && kind.add && !kind.tied) {
     TORCH_CHECK(p.W_hat_m.defined() && p.M_hat_m.defined(), op,
@@ -98,10 +105,7 @@ LayerShape check_layer(const char* op, const LayerKind& kind, const at::Tensor& 
                   sizes_str(p.G.sizes()));
     }
   }
-  if (kind.mul) {
-    TORCH_CHECK(std::isfinite(eps) && eps > 0.0, op,
-                ": argument 'eps' must be a positive finite number, got ", eps);
-  }
+  if (kind.mul) check_eps(op, eps);
   return s;
 }
 

@@ -49,6 +49,19 @@ struct LayerParams {
   at::Tensor G;                 // (I, O) / (E, I, O) input gate, (O,) / (E, O) independent gate
 };
 
+// The pieces every unit's checks are made of (nalu_layer.cpp, power_layer.cpp, units.cpp), so that
+// the messages agree: `sizes` as "[2, 3]"; that argument `name` is a floating-point tensor; that
+// `t` has the dtype and device of `ref` (named `ref_name`); that eps is positive and finite.
+std::string sizes_str(at::IntArrayRef sizes);
+void check_floating(const char* op, const char* name, const at::Tensor& t);
+void check_matches(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
+                   const at::Tensor& ref);
+void check_eps(const char* op, double eps);
+
+// The shape of a layer call with weights W (named `w_name`, rank 2 or 3: already checked), after
+// checking that x is (..., I) for W (I, O), or (E, ..., I) for ensemble weights W (E, I, O).
+LayerShape layer_shape(const char* op, const at::Tensor& x, const at::Tensor& W, const char* w_name);
+
 // Checks a pair (W_hat, M_hat) of weight tensors: floating, same dtype/device/shape, and, for a
 // layer (`layer_shape`), rank 2 (in, out) or 3 (E, in, out). The weight-construction ops are
 // elementwise and take any shape.

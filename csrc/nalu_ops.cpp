@@ -1,10 +1,19 @@
 // nalu_ops.cpp: the schema of every nalu_cuda op, declared once.
 //
-// Kernels register per dispatch key elsewhere: csrc/cpu/nalu_cpu.cpp (CPU), csrc/cuda/nalu_cuda.cpp
-// (CUDA), csrc/autocast.cpp (Autocast), csrc/autograd.cpp (Autograd, in C++: at the paper's sizes a
-// Python autograd wrapper costs more than the fused forward); the fakes that torch.compile traces
-// are registered from Python (nalu_cuda/_ops.py). Shapes: weights (I, O) with x (..., I), or
-// (E, I, O) with x (E, ..., I).
+// Kernels register per dispatch key elsewhere:
+//   CPU       csrc/cpu/nalu_cpu.cpp (NAC, NAC*, NALU; kernels in csrc/cpu/kernels/), power_cpu.cpp
+//             (NPU / RealNPU, iNALU), units_cpu.cpp (NAU, NMU)
+//   CUDA      csrc/cuda/nalu_cuda.cpp, power_cuda.cpp, units_cuda.cpp (kernels in the *.cu beside
+//             them); built only with CUDA
+//   Autograd  csrc/autograd.cpp, the one TORCH_LIBRARY_IMPL, which also registers the functions of
+//             autograd_power.cpp and autograd_units.cpp (in C++: at the paper's sizes a Python
+//             autograd wrapper costs more than the fused forward)
+//   Autocast  csrc/autocast.cpp, the one TORCH_LIBRARY_IMPL per key (AutocastCPU, AutocastCUDA),
+//             which also registers the wrappers of autocast_power.cpp and autocast_units.cpp
+// (csrc/registration.h declares what those files export.) The fakes that torch.compile traces are
+// registered from Python (nalu_cuda/_ops.py). The training helpers of csrc/training/ (flat_adam,
+// uniform_fill) are no dispatcher ops: csrc/module.cpp binds them with pybind11, CPU only.
+// Shapes: weights (I, O) with x (..., I), or (E, I, O) with x (E, ..., I).
 //
 // Forward ops also return what their backward needs beyond the inputs: lx = log(|x| + eps) (the
 // costliest step on a CPU; autograd's reference path keeps it too), and a, m, g for NALU. W is

@@ -4,23 +4,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <sstream>
-#include <string>
-
 namespace nalu_cuda {
 namespace {
-
-std::string sizes_str(at::IntArrayRef sizes) {
-  std::ostringstream os;
-  os << sizes;
-  return os.str();
-}
-
-void check_floating(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.defined(), op, ": argument '", name, "' must be a tensor, got None");
-  TORCH_CHECK(at::isFloatingType(t.scalar_type()), op, ": argument '", name,
-              "' must be a floating-point tensor, got dtype ", t.scalar_type());
-}
 
 // Views of x, grad_y as (E, N, I) / (E, N, O) and W as (E, I, O).
 at::Tensor rows(const LayerShape& s, const at::Tensor& t, int64_t last) { return t.reshape({s.E, s.N, last}); }
@@ -33,28 +18,8 @@ LayerShape check_unit(const char* op, const at::Tensor& x, const at::Tensor& W) 
   check_floating(op, "W", W);
   TORCH_CHECK(W.dim() == 2 || W.dim() == 3, op, ": argument 'W' must have shape (in, out) or (E, in, out), got ",
               sizes_str(W.sizes()));
-  TORCH_CHECK(W.scalar_type() == x.scalar_type(), op, ": argument 'W' must have the dtype of 'x' (",
-              x.scalar_type(), "), got ", W.scalar_type());
-  TORCH_CHECK(W.device() == x.device(), op, ": argument 'W' must be on the device of 'x' (", x.device(), "), got ",
-              W.device());
-  LayerShape s;
-  s.ensemble = W.dim() == 3;
-  s.E = s.ensemble ? W.size(0) : 1;
-  s.I = W.size(-2);
-  s.O = W.size(-1);
-  if (s.ensemble) {
-    TORCH_CHECK(x.dim() >= 2 && x.size(0) == s.E && x.size(-1) == s.I, op,
-                ": argument 'x' must have shape (E, ..., in) = (", s.E, ", ..., ", s.I,
-                ") to match ensemble weights 'W' ", sizes_str(W.sizes()), ", got ", sizes_str(x.sizes()));
-  } else {
-    TORCH_CHECK(x.dim() >= 1 && x.size(-1) == s.I, op, ": argument 'x' must have shape (..., in) = (..., ", s.I,
-                ") to match 'W' ", sizes_str(W.sizes()), ", got ", sizes_str(x.sizes()));
-  }
-  s.N = s.ensemble ? c10::multiply_integers(x.sizes().slice(1, x.dim() - 2))
-                   : c10::multiply_integers(x.sizes().slice(0, x.dim() - 1));
-  s.out_sizes = x.sizes().vec();
-  s.out_sizes.back() = s.O;
-  return s;
+  check_matches(op, "W", W, "x", x);
+  return layer_shape(op, x, W, "W");
 }
 
 LayerShape check_unit_backward(const char* op, const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& W) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "../nalu_layer.h"
+#include "cuda_ops_common.h"
 #include "nalu_cuda_kernels.h"
 
 namespace nalu_cuda {
@@ -35,32 +36,6 @@ namespace {
 
 using at::Tensor;
 using OptTensor = c10::optional<Tensor>;
-
-const std::vector<at::ScalarType>& cuda_dtypes() {
-  static const std::vector<at::ScalarType> kTypes{at::kFloat, at::kDouble, at::kHalf, at::kBFloat16};
-  return kTypes;
-}
-
-DType dtype_of(const Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return DType::kFloat;
-    case at::kDouble:
-      return DType::kDouble;
-    case at::kHalf:
-      return DType::kHalf;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    default:
-      TORCH_INTERNAL_ASSERT(false, "nalu_cuda: unchecked dtype ", t.scalar_type());
-  }
-}
-
-// The shared checks already made every tensor share the device of x (or of W_hat); this one
-// names the argument when that device is not a GPU.
-void check_cuda(const char* op, const char* name, const Tensor& t) {
-  TORCH_CHECK(t.is_cuda(), op, ": argument '", name, "' must be a CUDA tensor, got a tensor on ", t.device());
-}
 
 KindArgs kind_args(const LayerKind& k) {
   KindArgs a;
@@ -83,22 +58,14 @@ LayerParams params(const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_
   return p;
 }
 
-const void* cptr(const Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
-void* ptr(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 Tensor contig(const Tensor& t) { return t.defined() ? t.contiguous() : t; }
 
 // The parameters of a call, contiguous, and their raw pointers.
 struct Inputs {
   Tensor x, W_hat, M_hat, W_hat_m, M_hat_m, G;
   LayerPtrs ptrs() const {
-    LayerPtrs p;
-    p.x = cptr(x);
-    p.W_hat = cptr(W_hat);
-    p.M_hat = cptr(M_hat);
-    p.W_hat_m = cptr(W_hat_m);
-    p.M_hat_m = cptr(M_hat_m);
-    p.G = cptr(G);
-    return p;
+    return {.x = cptr(x), .W_hat = cptr(W_hat), .M_hat = cptr(M_hat), .W_hat_m = cptr(W_hat_m),
+            .M_hat_m = cptr(M_hat_m), .G = cptr(G)};
   }
 };
 
@@ -124,12 +91,25 @@ struct Backward {
   Tensor grad_x, grad_W_hat, grad_M_hat, grad_W_hat_m, grad_M_hat_m, grad_G;
 };
 
+// What forward and backward derive from a checked call (under the call's device guard): the
+// kernels' kind, dims and dtype, and the contiguous inputs.
+struct Call {
+  KindArgs k;
+  Dims d;
+  DType dt;
+  Inputs in;
+};
+
+Call prepare(const LayerKind& kind, const LayerShape& s, const Tensor& x, const LayerParams& p) {
+  const KindArgs k = kind_args(kind);
+  return Call{k, Dims{s.E, s.N, s.I, s.O}, storage_dtype(x), contiguous_inputs(x, p, k)};
+}
+
 // Checks shared with the CPU ops, then the CUDA-specific ones.
 LayerShape check_cuda_layer(const char* op, const LayerKind& kind, const Tensor& x, const LayerParams& p,
                             double eps) {
   const LayerShape s = check_layer(op, kind, x, p, eps);
-  check_cuda(op, "x", x);
-  check_dtype_supported(op, x, "CUDA", cuda_dtypes());
+  check_cuda_input(op, "x", x);
   return s;
 }
 
@@ -137,11 +117,8 @@ Forward forward(const char* op, const LayerKind& kind, const Tensor& x, const La
   const LayerShape s = check_cuda_layer(op, kind, x, p, eps);
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const KindArgs k = kind_args(kind);
-  const Dims d{s.E, s.N, s.I, s.O};
-  const DType dt = dtype_of(x);
+  const auto [k, d, dt, in] = prepare(kind, s, x, p);
   const bool nalu = kind.add && kind.mul;
-  const Inputs in = contiguous_inputs(x, p, k);
   auto opts = x.options();
 
   Forward f;
@@ -152,12 +129,7 @@ Forward forward(const char* op, const LayerKind& kind, const Tensor& x, const La
     f.m = at::empty(s.out_sizes, opts);
     f.g = kind.gate == Gate::kInput ? at::empty(s.out_sizes, opts) : at::empty(p.G.sizes(), opts);
   }
-  FwdOut out;
-  out.y = ptr(f.y);
-  out.a = ptr(f.a);
-  out.m = ptr(f.m);
-  out.g = ptr(f.g);
-  out.lx = ptr(f.lx);
+  const FwdOut out{.y = ptr(f.y), .a = ptr(f.a), .m = ptr(f.m), .g = ptr(f.g), .lx = ptr(f.lx)};
 
   const SmallPlan plan = plan_small_forward(dt, k, d);
   if (plan.ok) {
@@ -168,16 +140,8 @@ Forward forward(const char* op, const LayerKind& kind, const Tensor& x, const La
   // cuBLAS path: prologue (weights, lx, sigmoid(G)) -> products -> epilogue.
   Tensor W = at::empty({s.E, s.I, s.O}, opts);
   Tensor Wm = k.sep ? at::empty({s.E, s.I, s.O}, opts) : W;
-  PrologueArgs pa;
-  pa.n_w = s.E * s.I * s.O;
-  pa.W_hat = cptr(in.W_hat);
-  pa.M_hat = cptr(in.M_hat);
-  pa.W = ptr(W);
-  if (k.sep) {
-    pa.W_hat_m = cptr(in.W_hat_m);
-    pa.M_hat_m = cptr(in.M_hat_m);
-    pa.Wm = ptr(Wm);
-  }
+  PrologueArgs pa = weight_prologue_args(s.E * s.I * s.O, in.W_hat, in.M_hat, W, in.W_hat_m, in.M_hat_m,
+                                         k.sep ? Wm : Tensor());
   if (kind.mul) {
     pa.n_lx = x.numel();
     pa.x = cptr(in.x);
@@ -220,11 +184,8 @@ Backward backward(const char* op, const LayerKind& kind, const Tensor& grad_y, c
   check_saved(op, kind, s, x, p.G, grad_y, saved.a, saved.m, saved.g, saved.lx);
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const KindArgs k = kind_args(kind);
-  const Dims d{s.E, s.N, s.I, s.O};
-  const DType dt = dtype_of(x);
+  const auto [k, d, dt, in] = prepare(kind, s, x, p);
   const bool nalu = kind.add && kind.mul;
-  const Inputs in = contiguous_inputs(x, p, k);
   const Tensor dy = grad_y.contiguous();
   const Tensor a = nalu ? contig(saved.a) : Tensor();
   const Tensor m = kind.mul ? contig(saved.m) : Tensor();
@@ -242,22 +203,12 @@ Backward backward(const char* op, const LayerKind& kind, const Tensor& grad_y, c
   if (kind.gate != Gate::kNone) r.grad_G = at::empty(p.G.sizes(), opts);
   if (compute_grad_x) r.grad_x = at::empty(x.sizes(), opts);
 
-  SavedPtrs sv;
-  sv.dy = cptr(dy);
-  sv.a = cptr(a);
-  sv.m = cptr(m);
-  sv.g = cptr(g);
-  sv.lx = cptr(lx);
+  const SavedPtrs sv{.dy = cptr(dy), .a = cptr(a), .m = cptr(m), .g = cptr(g), .lx = cptr(lx)};
 
   const SmallPlan plan = plan_small_backward(dt, k, d);
   if (plan.ok) {
-    GradOut out;
-    out.dx = ptr(r.grad_x);
-    out.dW_hat = ptr(r.grad_W_hat);
-    out.dM_hat = ptr(r.grad_M_hat);
-    out.dW_hat_m = ptr(r.grad_W_hat_m);
-    out.dM_hat_m = ptr(r.grad_M_hat_m);
-    out.dG = ptr(r.grad_G);
+    const GradOut out{.dx = ptr(r.grad_x), .dW_hat = ptr(r.grad_W_hat), .dM_hat = ptr(r.grad_M_hat),
+                      .dW_hat_m = ptr(r.grad_W_hat_m), .dM_hat_m = ptr(r.grad_M_hat_m), .dG = ptr(r.grad_G)};
     Tensor workspace;
     if (plan.workspace_bytes > 0) {
       workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, opts.dtype(at::kByte));
@@ -274,16 +225,8 @@ Backward backward(const char* op, const LayerKind& kind, const Tensor& grad_y, c
   Tensor W = at::empty({E, I, O}, opts);
   Tensor Wm = k.sep ? at::empty({E, I, O}, opts) : W;
   Tensor buf = at::empty({E, N, O}, opts);
-  PrologueArgs w;
-  w.n_w = E * I * O;
-  w.W_hat = cptr(in.W_hat);
-  w.M_hat = cptr(in.M_hat);
-  w.W = ptr(W);
-  if (k.sep) {
-    w.W_hat_m = cptr(in.W_hat_m);
-    w.M_hat_m = cptr(in.M_hat_m);
-    w.Wm = ptr(Wm);
-  }
+  const PrologueArgs w =
+      weight_prologue_args(E * I * O, in.W_hat, in.M_hat, W, in.W_hat_m, in.M_hat_m, k.sep ? Wm : Tensor());
   PrologueArgs no_weights;  // n_w = 0: the weights are built by the first launch
   bool weights_built = false;
   auto output_grad = [&](bool is_da, bool is_du, bool is_dz) {
@@ -297,20 +240,9 @@ Backward backward(const char* op, const LayerKind& kind, const Tensor& grad_y, c
   Tensor dW = at::empty({E, I, O}, opts);
   Tensor dWm = k.sep ? at::empty({E, I, O}, opts) : Tensor();
   Tensor dx3 = compute_grad_x ? r.grad_x.view({E, N, I}) : Tensor();
-  EpilogueArgs ep;
-  ep.n_w = E * I * O;
-  ep.dW = cptr(dW);
-  ep.W_hat = cptr(in.W_hat);
-  ep.M_hat = cptr(in.M_hat);
-  ep.dW_hat = ptr(r.grad_W_hat);
-  ep.dM_hat = ptr(r.grad_M_hat);
-  if (k.sep) {
-    ep.dWm = cptr(dWm);
-    ep.W_hat_m = cptr(in.W_hat_m);
-    ep.M_hat_m = cptr(in.M_hat_m);
-    ep.dW_hat_m = ptr(r.grad_W_hat_m);
-    ep.dM_hat_m = ptr(r.grad_M_hat_m);
-  }
+  // (the separate weights' tensors are undefined when tied: null pointers)
+  EpilogueArgs ep = weight_epilogue_args(E * I * O, dW, in.W_hat, in.M_hat, r.grad_W_hat, r.grad_M_hat, dWm,
+                                         in.W_hat_m, in.M_hat_m, r.grad_W_hat_m, r.grad_M_hat_m);
   if (kind.mul) {
     output_grad(false, true, false);  // du
     const Tensor lxT = lx.view({E, N, I}).transpose(1, 2);
@@ -371,38 +303,26 @@ Backward finish(Backward r, const LayerKind& kind, const Tensor& x) {
 Tensor nac_weight_cuda(const Tensor& W_hat, const Tensor& M_hat) {
   const char* op = "nalu_cuda::nac_weight";
   check_weight_pair(op, W_hat, M_hat, "W_hat", "M_hat", /*layer_shape=*/false);
-  check_cuda(op, "W_hat", W_hat);
-  check_dtype_supported(op, W_hat, "CUDA", cuda_dtypes());
+  check_cuda_input(op, "W_hat", W_hat);
   const c10::cuda::CUDAGuard guard(W_hat.device());
   const Tensor wh = W_hat.contiguous(), mh = M_hat.contiguous();
   Tensor out = at::empty(W_hat.sizes(), W_hat.options());
-  PrologueArgs pa;
-  pa.n_w = out.numel();
-  pa.W_hat = cptr(wh);
-  pa.M_hat = cptr(mh);
-  pa.W = ptr(out);
-  forward_prologue(dtype_of(W_hat), pa, c10::cuda::getCurrentCUDAStream());
+  forward_prologue(storage_dtype(W_hat), weight_prologue_args(out.numel(), wh, mh, out),
+                   c10::cuda::getCurrentCUDAStream());
   return out;
 }
 
 std::tuple<Tensor, Tensor> nac_weight_backward_cuda(const Tensor& grad_W, const Tensor& W_hat, const Tensor& M_hat) {
   const char* op = "nalu_cuda::nac_weight_backward";
   check_weight_pair(op, W_hat, M_hat, "W_hat", "M_hat", /*layer_shape=*/false);
-  check_cuda(op, "W_hat", W_hat);
-  check_dtype_supported(op, W_hat, "CUDA", cuda_dtypes());
+  check_cuda_input(op, "W_hat", W_hat);
   check_like(op, "grad_W", grad_W, W_hat.sizes(), W_hat);
   const c10::cuda::CUDAGuard guard(W_hat.device());
   const Tensor gW = grad_W.contiguous(), wh = W_hat.contiguous(), mh = M_hat.contiguous();
   Tensor gw = at::empty(W_hat.sizes(), W_hat.options());
   Tensor gm = at::empty(W_hat.sizes(), W_hat.options());
-  EpilogueArgs ep;
-  ep.n_w = gw.numel();
-  ep.dW = cptr(gW);
-  ep.W_hat = cptr(wh);
-  ep.M_hat = cptr(mh);
-  ep.dW_hat = ptr(gw);
-  ep.dM_hat = ptr(gm);
-  backward_epilogue(dtype_of(W_hat), ep, c10::cuda::getCurrentCUDAStream());
+  backward_epilogue(storage_dtype(W_hat), weight_epilogue_args(gw.numel(), gW, wh, mh, gw, gm),
+                    c10::cuda::getCurrentCUDAStream());
   return {gw, gm};
 }
 

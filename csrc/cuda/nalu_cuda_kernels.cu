@@ -54,6 +54,7 @@
 #include <type_traits>
 
 #include "../nalu_math.h"
+#include "cuda_common.cuh"
 #include "nalu_cuda_kernels.h"
 
 namespace nalu_cuda {
@@ -63,29 +64,8 @@ namespace {
 namespace nm = nalu_cuda::math;
 
 // ---------------------------------------------------------------------------------------------
-// Types, loads and stores
+// Types, loads and stores (the shared ones: cuda_common.cuh)
 // ---------------------------------------------------------------------------------------------
-
-template <typename T>
-struct AccOf {
-  using type = float;
-};
-template <>
-struct AccOf<double> {
-  using type = double;
-};
-template <typename T>
-using acc_t = typename AccOf<T>::type;
-
-template <typename A, typename T>
-__device__ __forceinline__ A ld(const void* p, int64_t k) {
-  return static_cast<A>(static_cast<const T*>(p)[k]);
-}
-
-template <typename T, typename A>
-__device__ __forceinline__ void st(void* p, int64_t k, A v) {
-  static_cast<T*>(p)[k] = static_cast<T>(v);
-}
 
 // NALU's m = exp(u), saved for the backward. In float16 it overflows past u ~ 11.09 while y, blended
 // in the compute type, stays finite; an inf m would make du = (1 - g) dy m and dz = (a - m) dy
@@ -108,31 +88,6 @@ struct KindTag {
   static constexpr int gate = GATE;  // GateKind as int
 };
 constexpr int kGateNone = 0, kGateInput = 1, kGateIndep = 2;
-
-// Calls f with `scalar_t` bound to the storage type.
-#define NALU_DISPATCH_DTYPE(DT, ...)        \
-  switch (DT) {                             \
-    case DType::kFloat: {                   \
-      using scalar_t = float;               \
-      __VA_ARGS__();                        \
-      break;                                \
-    }                                       \
-    case DType::kDouble: {                  \
-      using scalar_t = double;              \
-      __VA_ARGS__();                        \
-      break;                                \
-    }                                       \
-    case DType::kHalf: {                    \
-      using scalar_t = c10::Half;           \
-      __VA_ARGS__();                        \
-      break;                                \
-    }                                       \
-    case DType::kBFloat16: {                \
-      using scalar_t = c10::BFloat16;       \
-      __VA_ARGS__();                        \
-      break;                                \
-    }                                       \
-  }
 
 // Calls f with `kind_t` bound to the KindTag of the layer: NAC+, NAC*, NALU with either gate.
 #define NALU_DISPATCH_KIND(K, ...)                          \
@@ -177,10 +132,6 @@ constexpr size_t kSmemLimit = 48 * 1024 - 256;
 constexpr int64_t kTargetBlocks = 512;      // rows are split until about this many blocks...
 constexpr int64_t kBwdRowsPerGroup = 4;     // ...but a backward block keeps >= 4 rows per group
 constexpr int64_t kMaxElementwiseBlocks = 8192;
-
-size_t acc_bytes(DType dt) { return dt == DType::kDouble ? sizeof(double) : sizeof(float); }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 unsigned elementwise_blocks(int64_t n) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(ceil_div(n, kThreads), kMaxElementwiseBlocks)));

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../power_layer.h"
+#include "cuda_ops_common.h"
 #include "power_cuda_kernels.h"
 
 namespace nalu_cuda {
@@ -28,36 +29,9 @@ namespace {
 using at::Tensor;
 using OptTensor = c10::optional<Tensor>;
 
-const std::vector<at::ScalarType>& power_cuda_dtypes() {
-  static const std::vector<at::ScalarType> kTypes{at::kFloat, at::kDouble, at::kHalf, at::kBFloat16};
-  return kTypes;
-}
-
-DType power_dtype(const Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return DType::kFloat;
-    case at::kDouble:
-      return DType::kDouble;
-    case at::kHalf:
-      return DType::kHalf;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    default:
-      TORCH_INTERNAL_ASSERT(false, "nalu_cuda: unchecked dtype ", t.scalar_type());
-  }
-}
-
-void check_device(const char* op, const Tensor& x) {
-  TORCH_CHECK(x.is_cuda(), op, ": argument 'x' must be a CUDA tensor, got a tensor on ", x.device());
-  check_dtype_supported(op, x, "CUDA", power_cuda_dtypes());
-}
-
-const void* cptr(const Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
-void* ptr(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 // Accumulator options: float for float/half/bfloat16 storage, double for double.
 at::TensorOptions acc_options(const Tensor& x) {
-  return x.options().dtype(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+  return x.options().dtype(acc_dtype(x));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -69,13 +43,13 @@ std::tuple<Tensor, Tensor, Tensor> npu_forward_cuda(const Tensor& x, const Tenso
   const char* op = "nalu_cuda::npu_forward";
   const Tensor W_i = W_i_opt.has_value() ? *W_i_opt : Tensor();
   const LayerShape s = check_npu(op, x, W_r, W_i, g, eps);
-  check_device(op, x);
+  check_cuda_input(op, "x", x);
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool complex = W_i.defined();
   const int64_t E = s.E, N = s.N, I = s.I, O = s.O;
   const Dims d{E, N, I, O};
-  const DType dt = power_dtype(x);
+  const DType dt = storage_dtype(x);
   const Tensor xc = x.contiguous(), gc = g.contiguous();
   const Tensor Wr3 = W_r.contiguous().view({E, I, O});
   const Tensor Wc = complex ? at::cat({Wr3, W_i.contiguous().view({E, I, O})}, 2) : Wr3;
@@ -96,14 +70,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> npu_backward_cuda(const Tensor& grad_
   const char* op = "nalu_cuda::npu_backward";
   const Tensor W_i = W_i_opt.has_value() ? *W_i_opt : Tensor();
   const LayerShape s = check_npu(op, x, W_r, W_i, g, eps);
-  check_device(op, x);
+  check_cuda_input(op, "x", x);
   check_npu_saved(op, s, x, grad_y, y, sy, lr);
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool complex = W_i.defined();
   const int64_t E = s.E, N = s.N, I = s.I, O = s.O, C = complex ? 2 * O : O;
   const Dims d{E, N, I, O};
-  const DType dt = power_dtype(x);
+  const DType dt = storage_dtype(x);
   const Tensor xc = x.contiguous(), gc = g.contiguous(), dy = grad_y.contiguous(), yc = y.contiguous(),
                sc = sy.contiguous(), lrc = lr.contiguous();
   const Tensor Wr3 = W_r.contiguous().view({E, I, O});
@@ -149,22 +123,15 @@ InaluInputs inalu_inputs(const Tensor& x, const Tensor& W_hat, const Tensor& M_h
 LayerShape check_inalu_cuda(const char* op, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
                             const Tensor& W_hat_m, const Tensor& M_hat_m, const Tensor& G, double eps, double omega) {
   const LayerShape s = check_inalu(op, x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega);
-  check_device(op, x);
+  check_cuda_input(op, "x", x);
   return s;
 }
 
 // W and W_m (E, I, O) from the hat weights (nalu_cuda_kernels' forward_prologue).
 std::tuple<Tensor, Tensor> inalu_weights(DType dt, const InaluInputs& in, const LayerShape& s, cudaStream_t stream) {
   Tensor W = at::empty({s.E, s.I, s.O}, in.x.options()), Wm = at::empty({s.E, s.I, s.O}, in.x.options());
-  PrologueArgs pa;
-  pa.n_w = s.E * s.I * s.O;
-  pa.W_hat = cptr(in.W_hat);
-  pa.M_hat = cptr(in.M_hat);
-  pa.W = ptr(W);
-  pa.W_hat_m = cptr(in.W_hat_m);
-  pa.M_hat_m = cptr(in.M_hat_m);
-  pa.Wm = ptr(Wm);
-  forward_prologue(dt, pa, stream);
+  forward_prologue(dt, weight_prologue_args(s.E * s.I * s.O, in.W_hat, in.M_hat, W, in.W_hat_m, in.M_hat_m, Wm),
+                   stream);
   return {W, Wm};
 }
 
@@ -178,7 +145,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> inalu_forward_cuda(const Tens
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int64_t E = s.E, N = s.N, I = s.I, O = s.O;
   const Dims d{E, N, I, O};
-  const DType dt = power_dtype(x);
+  const DType dt = storage_dtype(x);
   const InaluInputs in = inalu_inputs(x, W_hat, M_hat, W_hat_m, M_hat_m, G);
   auto [W, Wm] = inalu_weights(dt, in, s, stream);
   auto opts = x.options();
@@ -202,7 +169,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> inalu_backward_cuda(
   check_inalu_saved(op, s, x, grad_y, a, u, msv, lx);
   const int64_t E = s.E, N = s.N, I = s.I, O = s.O;
   const Dims d{E, N, I, O};
-  const DType dt = power_dtype(x);
+  const DType dt = storage_dtype(x);
   TORCH_CHECK(inalu_sign_smem_bytes(dt, d) <= kInaluSignMaxSmem, op, ": the CUDA kernel takes at most ",
               kInaluSignMaxSmem / (4 * (dt == DType::kDouble ? 8 : 4)), " inputs for dtype ", x.scalar_type(),
               ", got ", I, " (backend=\"reference\" has no limit)");
@@ -228,19 +195,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> inalu_backward_cuda(
 
   Tensor gW = at::empty(W_hat.sizes(), opts), gM = at::empty(W_hat.sizes(), opts);
   Tensor gWm = at::empty(W_hat.sizes(), opts), gMm = at::empty(W_hat.sizes(), opts);
-  EpilogueArgs ea;
-  ea.n_w = E * I * O;
-  ea.dW = cptr(dW);
-  ea.W_hat = cptr(in.W_hat);
-  ea.M_hat = cptr(in.M_hat);
-  ea.dW_hat = ptr(gW);
-  ea.dM_hat = ptr(gM);
-  ea.dWm = cptr(dWm);
-  ea.W_hat_m = cptr(in.W_hat_m);
-  ea.M_hat_m = cptr(in.M_hat_m);
-  ea.dW_hat_m = ptr(gWm);
-  ea.dM_hat_m = ptr(gMm);
-  backward_epilogue(dt, ea, stream);
+  backward_epilogue(
+      dt, weight_epilogue_args(E * I * O, dW, in.W_hat, in.M_hat, gW, gM, dWm, in.W_hat_m, in.M_hat_m, gWm, gMm),
+      stream);
 
   Tensor grad_x = empty_grad(x);
   if (compute_grad_x) {

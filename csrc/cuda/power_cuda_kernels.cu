@@ -23,6 +23,7 @@
 #include <algorithm>
 
 #include "../power_math.h"
+#include "cuda_common.cuh"
 #include "power_cuda_kernels.h"
 
 namespace nalu_cuda {
@@ -31,65 +32,15 @@ namespace {
 
 namespace pm = nalu_cuda::math;
 
-template <typename T>
-struct AccOf {
-  using type = float;
-};
-template <>
-struct AccOf<double> {
-  using type = double;
-};
-template <typename T>
-using acc_t = typename AccOf<T>::type;
-
-template <typename A, typename T>
-__device__ __forceinline__ A ld(const void* p, int64_t k) {
-  return static_cast<A>(static_cast<const T*>(p)[k]);
-}
-
-template <typename T, typename A>
-__device__ __forceinline__ void st(void* p, int64_t k, A v) {
-  static_cast<T*>(p)[k] = static_cast<T>(v);
-}
-
-// Calls f with `scalar_t` bound to the storage type.
-#define POWER_DISPATCH_DTYPE(DT, ...) \
-  switch (DT) {                       \
-    case DType::kFloat: {             \
-      using scalar_t = float;         \
-      __VA_ARGS__();                  \
-      break;                          \
-    }                                 \
-    case DType::kDouble: {            \
-      using scalar_t = double;        \
-      __VA_ARGS__();                  \
-      break;                          \
-    }                                 \
-    case DType::kHalf: {              \
-      using scalar_t = c10::Half;     \
-      __VA_ARGS__();                  \
-      break;                          \
-    }                                 \
-    case DType::kBFloat16: {          \
-      using scalar_t = c10::BFloat16; \
-      __VA_ARGS__();                  \
-      break;                          \
-    }                                 \
-  }
-
 constexpr int kThreads = 256;
 constexpr int kSignThreads = 128;             // threads per block of the sign-product backward
 constexpr int64_t kMaxElementwiseBlocks = 8192;
 constexpr int64_t kSignRowsPerChunk = 256;    // rows per block of the sign-product backward...
 constexpr int64_t kSignMaxChunks = 16;        // ...in at most this many chunks per (member, output)
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 unsigned elementwise_blocks(int64_t n) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min(ceil_div(n, kThreads), kMaxElementwiseBlocks)));
 }
-
-size_t acc_bytes(DType dt) { return dt == DType::kDouble ? sizeof(double) : sizeof(float); }
 
 int64_t sign_chunks(const Dims& d) {
   return std::max<int64_t>(1, std::min(ceil_div(d.N, kSignRowsPerChunk), kSignMaxChunks));
@@ -323,7 +274,7 @@ __global__ void __launch_bounds__(kThreads) inalu_log_backward_kernel(int64_t n,
 
 void column_sums(DType dt, int64_t E, int64_t N, int64_t C, const void* part, void* out, cudaStream_t stream) {
   if (E * C == 0) return;
-  POWER_DISPATCH_DTYPE(dt, [&] {
+  NALU_DISPATCH_DTYPE(dt, [&] {
     column_sums_kernel<scalar_t><<<elementwise_blocks(E * C), kThreads, 0, stream>>>(E, N, C, part, out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -333,7 +284,7 @@ void npu_prologue(DType dt, const Dims& d, const void* x, const void* g, double 
                   cudaStream_t stream) {
   const int64_t n = d.E * d.N * d.I;
   if (n == 0) return;
-  POWER_DISPATCH_DTYPE(dt, [&] {
+  NALU_DISPATCH_DTYPE(dt, [&] {
     npu_prologue_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(d, x, g, eps, LK, lr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -342,7 +293,7 @@ void npu_prologue(DType dt, const Dims& d, const void* x, const void* g, double 
 void npu_epilogue(DType dt, const Dims& d, bool complex, const void* P, void* y, void* s, cudaStream_t stream) {
   const int64_t n = d.E * d.N * d.O;
   if (n == 0) return;
-  POWER_DISPATCH_DTYPE(dt, [&] {
+  NALU_DISPATCH_DTYPE(dt, [&] {
     npu_epilogue_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(d, complex, P, y, s);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -352,7 +303,7 @@ void npu_backward_prologue(DType dt, const Dims& d, bool complex, const void* dy
                            const void* x, const void* g, const void* lr, void* D, void* LK, cudaStream_t stream) {
   const int64_t n = d.E * d.N * (d.O + d.I);
   if (n == 0) return;
-  POWER_DISPATCH_DTYPE(dt, [&] {
+  NALU_DISPATCH_DTYPE(dt, [&] {
     npu_backward_prologue_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(d, complex, dy, y, s, x,
                                                                                             g, lr, D, LK);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -363,7 +314,7 @@ void npu_backward_epilogue(DType dt, const Dims& d, const void* x, const void* g
                            void* dx, void* dg_part, cudaStream_t stream) {
   const int64_t n = d.E * d.N * d.I;
   if (n == 0) return;
-  POWER_DISPATCH_DTYPE(dt, [&] {
+  NALU_DISPATCH_DTYPE(dt, [&] {
     npu_backward_epilogue_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(d, x, g, eps, dLK, dx,
                                                                                             dg_part);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -372,7 +323,7 @@ void npu_backward_epilogue(DType dt, const Dims& d, const void* x, const void* g
 
 void inalu_log(DType dt, int64_t n, const void* x, double eps, void* lx, cudaStream_t stream) {
   if (n == 0) return;
-  POWER_DISPATCH_DTYPE(dt, [&] {
+  NALU_DISPATCH_DTYPE(dt, [&] {
     inalu_log_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(n, x, eps, lx);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -382,7 +333,7 @@ void inalu_epilogue(DType dt, const Dims& d, const void* x, const void* Wm, cons
                     const void* u, double omega, void* msv, void* y, cudaStream_t stream) {
   const int64_t n = d.E * d.N * d.O;
   if (n == 0) return;
-  POWER_DISPATCH_DTYPE(dt, [&] {
+  NALU_DISPATCH_DTYPE(dt, [&] {
     inalu_epilogue_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(d, x, Wm, G, a, u, omega, msv,
                                                                                      y);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -394,7 +345,7 @@ void inalu_backward_prologue(DType dt, const Dims& d, const void* dy, const void
                              void* dG_part, cudaStream_t stream) {
   const int64_t n = d.E * d.N * d.O;
   if (n == 0) return;
-  POWER_DISPATCH_DTYPE(dt, [&] {
+  NALU_DISPATCH_DTYPE(dt, [&] {
     inalu_backward_prologue_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(d, dy, a, u, msv, G,
                                                                                               omega, da, du, dmsv,
                                                                                               dG_part);
@@ -414,7 +365,7 @@ void inalu_sign_backward(DType dt, const Dims& d, const void* x, const void* Wm,
   const int64_t blocks = d.E * d.O * chunks;
   if (blocks == 0 || d.I == 0) return;
   const size_t smem = inalu_sign_smem_bytes(dt, d);
-  POWER_DISPATCH_DTYPE(dt, [&] {
+  NALU_DISPATCH_DTYPE(dt, [&] {
     inalu_sign_backward_kernel<scalar_t><<<static_cast<unsigned>(blocks), kSignThreads, smem, stream>>>(
         d, chunks, ceil_div(d.N, chunks), x, Wm, dmsv, workspace);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -426,7 +377,7 @@ void inalu_sign_backward(DType dt, const Dims& d, const void* x, const void* Wm,
 
 void inalu_log_backward(DType dt, int64_t n, const void* x, double eps, void* dx, cudaStream_t stream) {
   if (n == 0) return;
-  POWER_DISPATCH_DTYPE(dt, [&] {
+  NALU_DISPATCH_DTYPE(dt, [&] {
     inalu_log_backward_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(n, x, eps, dx);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../units.h"
+#include "cuda_ops_common.h"
 #include "units_cuda_kernels.h"
 
 namespace nalu_cuda {
@@ -27,33 +28,9 @@ namespace {
 
 using at::Tensor;
 
-const std::vector<at::ScalarType>& cuda_dtypes() {
-  static const std::vector<at::ScalarType> kTypes{at::kFloat, at::kDouble, at::kHalf, at::kBFloat16};
-  return kTypes;
-}
-
-DType storage_dtype(const Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return DType::kFloat;
-    case at::kDouble:
-      return DType::kDouble;
-    case at::kHalf:
-      return DType::kHalf;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    default:
-      TORCH_INTERNAL_ASSERT(false, "nalu_cuda: unchecked dtype ", t.scalar_type());
-  }
-}
-
-// The compute type of a storage dtype: double for double, else float.
-at::ScalarType acc_dtype(const Tensor& t) { return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
-
 LayerShape check_cuda_unit(const char* op, const Tensor& x, const Tensor& W, const Tensor& grad_y = Tensor()) {
   const LayerShape s = grad_y.defined() ? check_unit_backward(op, grad_y, x, W) : check_unit(op, x, W);
-  TORCH_CHECK(x.is_cuda(), op, ": argument 'x' must be a CUDA tensor, got a tensor on ", x.device());
-  check_dtype_supported(op, x, "CUDA", cuda_dtypes());
+  check_cuda_input(op, "x", x);
   return s;
 }
 

@@ -31,6 +31,7 @@
 #include <algorithm>
 
 #include "../product_math.h"
+#include "cuda_common.cuh"
 #include "units_cuda_kernels.h"
 
 namespace nalu_cuda {
@@ -39,45 +40,12 @@ namespace {
 
 namespace nm = nalu_cuda::math;
 
-template <typename T>
-struct AccOf {
-  using type = float;
-};
-template <>
-struct AccOf<double> {
-  using type = double;
-};
-
 constexpr int kWarps = 8;  // warps per block
 constexpr int kThreads = 32 * kWarps;
 constexpr int kMaxRounds = static_cast<int>(kNmuMaxIn / 32);
 constexpr int64_t kMaxBlocks = 65535;  // grid-stride loops beyond this
 constexpr int64_t kTargetWarps = 4096;  // weight-gradient chunks are split until about this many warps
 constexpr int64_t kMinChunkRows = 8;
-
-#define UNITS_DISPATCH_DTYPE(DT, ...)   \
-  switch (DT) {                         \
-    case DType::kFloat: {               \
-      using scalar_t = float;           \
-      __VA_ARGS__();                    \
-      break;                            \
-    }                                   \
-    case DType::kDouble: {              \
-      using scalar_t = double;          \
-      __VA_ARGS__();                    \
-      break;                            \
-    }                                   \
-    case DType::kHalf: {                \
-      using scalar_t = c10::Half;       \
-      __VA_ARGS__();                    \
-      break;                            \
-    }                                   \
-    case DType::kBFloat16: {            \
-      using scalar_t = c10::BFloat16;   \
-      __VA_ARGS__();                    \
-      break;                            \
-    }                                   \
-  }
 
 template <typename A, typename T>
 __device__ __forceinline__ A load(const T* p, int64_t k) {
@@ -204,7 +172,7 @@ unsigned blocks_for(int64_t warps) {
 void nmu_forward(DType dt, const Dims& d, const void* x, const void* Wt, void* y, cudaStream_t stream) {
   const int64_t warps = d.E * d.N * d.O;
   if (warps == 0) return;
-  UNITS_DISPATCH_DTYPE(dt, [&] {
+  NALU_DISPATCH_DTYPE(dt, [&] {
     nmu_forward_kernel<scalar_t><<<blocks_for(warps), kThreads, 0, stream>>>(
         d, static_cast<const scalar_t*>(x), static_cast<const scalar_t*>(Wt), static_cast<scalar_t*>(y));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -215,7 +183,7 @@ void nmu_backward_x(DType dt, const Dims& d, const void* dy, const void* x, cons
                     cudaStream_t stream) {
   const int64_t warps = d.E * d.N;
   if (warps == 0 || d.I == 0) return;
-  UNITS_DISPATCH_DTYPE(dt, [&] {
+  NALU_DISPATCH_DTYPE(dt, [&] {
     using A = typename AccOf<scalar_t>::type;
     nmu_backward_x_kernel<scalar_t><<<blocks_for(warps), kThreads, 0, stream>>>(
         d, static_cast<const scalar_t*>(dy), static_cast<const scalar_t*>(x), static_cast<const scalar_t*>(Wt),
@@ -237,7 +205,7 @@ void nmu_backward_w(DType dt, const Dims& d, int64_t chunks, const void* dy, con
                     void* partial, cudaStream_t stream) {
   const int64_t warps = d.E * chunks * d.O;
   if (warps == 0 || d.I == 0 || d.N == 0) return;
-  UNITS_DISPATCH_DTYPE(dt, [&] {
+  NALU_DISPATCH_DTYPE(dt, [&] {
     using A = typename AccOf<scalar_t>::type;
     nmu_backward_w_kernel<scalar_t><<<blocks_for(warps), kThreads, 0, stream>>>(
         d, chunks, static_cast<const scalar_t*>(dy), static_cast<const scalar_t*>(x),

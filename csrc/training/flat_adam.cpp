@@ -2,6 +2,7 @@
 #include "flat_adam.h"
 
 #include "../cpu/nalu_cpu.h"  // use_avx2()
+#include "fp_contract.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/ops/zeros.h>
@@ -12,11 +13,7 @@
 #include <string>
 
 // Same rounding in the vector body and the scalar remainder of every loop: no contraction into FMA.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+NALU_FP_CONTRACT_OFF
 
 namespace nalu_cuda {
 namespace training {

@@ -7,6 +7,7 @@
 #include "uniform_fill.h"
 
 #include "../cpu/nalu_cpu.h"  // use_avx2()
+#include "fp_contract.h"
 
 #include <c10/util/Exception.h>
 
@@ -34,11 +35,7 @@
 
 // The mapping must round after each operation, as numpy does: never fuse (f - 1) * w + lo into an
 // FMA, whatever -march the file is compiled with.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
+NALU_FP_CONTRACT_OFF
 
 namespace nalu_cuda {
 namespace training {
