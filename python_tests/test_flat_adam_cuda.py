@@ -150,22 +150,25 @@ def _args(n=12, E_=3, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(param=torch.zeros(12, dtype=torch.float16)), "argument 'param' must be a contiguous 1-D float32 or float64"),
-    (dict(param=torch.zeros(12, 2)[:, 0]), "argument 'param' must be a contiguous 1-D"),
-    (dict(grad=torch.zeros(11)), "argument 'grad' must be a contiguous Float tensor"),
-    (dict(exp_avg=torch.zeros(12, dtype=torch.float64)), "argument 'exp_avg' must be"),
-    (dict(exp_avg_sq=torch.zeros(24)[::2]), "got a non-contiguous"),
-    (dict(frozen=torch.zeros(3, dtype=torch.uint8)), "argument 'frozen' must be a contiguous 1-D bool tensor"),
-    (dict(frozen=torch.zeros(0, dtype=torch.bool)), "one flag per member (at least one)"),
-    (dict(segments=torch.zeros(2, 3, dtype=torch.long)), "argument 'segments' must be a contiguous int64 tensor "
-                                                          "of shape (P, 2)"),
-    (dict(segments=torch.zeros(2, 2, dtype=torch.int32)), "argument 'segments' must be"),
-    (dict(step_t=torch.zeros((), dtype=torch.float32)), "argument 'step_t' must be a float64 tensor of one element"),
+    (dict(param=torch.zeros(12, dtype=torch.float16, device=DEV)),
+     "argument 'param' must be a contiguous 1-D float32 or float64"),
+    (dict(param=torch.zeros(12, 2, device=DEV)[:, 0]), "argument 'param' must be a contiguous 1-D"),
+    (dict(grad=torch.zeros(11, device=DEV)), "argument 'grad' must be a contiguous Float tensor"),
+    (dict(exp_avg=torch.zeros(12, dtype=torch.float64, device=DEV)), "argument 'exp_avg' must be"),
+    (dict(exp_avg_sq=torch.zeros(24, device=DEV)[::2]), "got a non-contiguous"),
+    (dict(frozen=torch.zeros(3, dtype=torch.uint8, device=DEV)),
+     "argument 'frozen' must be a contiguous 1-D bool tensor"),
+    (dict(frozen=torch.zeros(0, dtype=torch.bool, device=DEV)), "one flag per member (at least one)"),
+    (dict(segments=torch.zeros(2, 3, dtype=torch.long, device=DEV)),
+     "argument 'segments' must be a contiguous int64 tensor of shape (P, 2)"),
+    (dict(segments=torch.zeros(2, 2, dtype=torch.int32, device=DEV)), "argument 'segments' must be"),
+    (dict(step_t=torch.zeros((), dtype=torch.float32, device=DEV)),
+     "argument 'step_t' must be a float64 tensor of one element"),
 ], ids=["param_dtype", "param_strided", "grad_size", "exp_avg_dtype", "exp_avg_sq_strided", "frozen_dtype",
         "no_members", "segments_shape", "segments_dtype", "step_dtype"])
 def test_errors_name_the_argument(change, message):
     args = _args()
-    args.update({k: v.to(DEV) for k, v in change.items()})
+    args.update(change)
     with pytest.raises(RuntimeError, match="flat_adam_step_resident: ") as info:
         torch.ops.nalu_cuda.flat_adam_step_resident(**args)
     assert message in str(info.value)
@@ -173,9 +176,19 @@ def test_errors_name_the_argument(change, message):
 
 @needs_gpu
 def test_cpu_tensors_are_refused():
-    args = _args()
-    args.update(param=torch.zeros(12))
+    # every tensor on the CPU: the dispatcher picks the op's error kernel (a CUDA one among them would
+    # select the CUDA kernel, whose checks name the argument on the wrong device)
+    args = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in _args().items()}
     with pytest.raises(RuntimeError, match="argument 'param' must be a CUDA tensor, got a tensor on cpu"):
+        torch.ops.nalu_cuda.flat_adam_step_resident(**args)
+
+
+@needs_gpu
+def test_a_tensor_on_another_device_is_named():
+    args = _args()
+    args.update(frozen=torch.zeros(3, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match=r"argument 'frozen' must be a contiguous 1-D bool tensor on cuda:0 "
+                                           r"\(param's device\), got a Bool tensor on cpu"):
         torch.ops.nalu_cuda.flat_adam_step_resident(**args)
 
 
