@@ -79,8 +79,9 @@ def _extension():
             # No GPU to ask: Ampere and Hopper machine code, plus PTX for anything newer.
             os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
         # csrc/cuda/*.cpp (the ops: checks, cuBLAS calls, registration) go to the host compiler,
-        # csrc/cuda/*.cu (the kernels, no ATen headers) to nvcc.
-        sources += sorted(glob.glob("csrc/cuda/*.cpp")) + sorted(glob.glob("csrc/cuda/*.cu"))
+        # csrc/cuda/*.cu and csrc/training/*.cu (the kernels, no ATen headers) to nvcc.
+        sources += (sorted(glob.glob("csrc/cuda/*.cpp")) + sorted(glob.glob("csrc/cuda/*.cu"))
+                    + sorted(glob.glob("csrc/training/*.cu")))
         macros.append(("NALU_CUDA_WITH_CUDA", None))
         nvcc = opt[:1] + ["-lineinfo"] if not debug else ["-O0", "-g", "-G"]
         return CUDAExtension(

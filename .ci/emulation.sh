@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# CI emulation stage: the CUDA ops and kernels of csrc/cuda/ (every *.cpp and *.cu there) built for
-# the CPU on the CUDA emulator (csrc/cuda/emulation/build.py) and the CUDA test files
-# (python_tests/test_cuda.py, test_units_cuda.py, test_power_cuda.py) and the layout fuzz
+# CI emulation stage: the CUDA ops and kernels of csrc/cuda/ (every *.cpp and *.cu there, and the
+# training kernels csrc/training/*.cu) built for the CPU on the CUDA emulator
+# (csrc/cuda/emulation/build.py) and the CUDA test files (python_tests/test_cuda.py,
+# test_units_cuda.py, test_power_cuda.py, test_flat_adam_cuda.py) and the layout fuzz
 # (test_layouts.py: every argument of every NAC/NALU op in every memory layout) run on them, so that
 # every change to the CUDA sources is checked without a GPU.
 #
@@ -17,5 +18,5 @@ LIB=$(python csrc/cuda/emulation/build.py "$BUILD" | tail -n 1)
 REPORT="$BUILD/test_cuda.xml"
 NALU_CUDA_LIBRARY="$LIB" NALU_CUDA_TEST_EMULATION=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} \
   python -m pytest python_tests/test_cuda.py python_tests/test_units_cuda.py python_tests/test_power_cuda.py \
-  python_tests/test_layouts.py -q -p no:cacheprovider --junitxml="$REPORT"
+  python_tests/test_flat_adam_cuda.py python_tests/test_layouts.py -q -p no:cacheprovider --junitxml="$REPORT"
 python .ci/tests_ran.py "$REPORT"

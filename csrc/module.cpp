@@ -61,6 +61,17 @@ Tensor nmu(const Tensor& x, const Tensor& W) {
   return op.call(x, W);
 }
 
+// The resident Adam step of FlatAdam (the op nalu_cuda::flat_adam_step_resident: a CUDA kernel,
+// csrc/cuda/flat_adam_cuda.cpp), through the dispatcher like the layers above.
+Tensor flat_adam_step_resident(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                               const Tensor& exp_avg_sq, const Tensor& segments, const Tensor& frozen,
+                               const Tensor& step_t, double lr, double beta1, double beta2, double eps) {
+  static auto op = find_op<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                  const Tensor&, const Tensor&, double, double, double, double)>(
+      "nalu_cuda::flat_adam_step_resident");
+  return op.call(param, grad, exp_avg, exp_avg_sq, segments, frozen, step_t, lr, beta1, beta2, eps);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -101,4 +112,12 @@ PYBIND11_MODULE(_C, m) {
         pybind11::arg("freeze_nonfinite"), pybind11::arg("lr"), pybind11::arg("beta1"), pybind11::arg("beta2"), pybind11::arg("eps"), pybind11::arg("step"),
         "Adam on flat CPU buffers of an ensemble's (E, ...) parameters, members frozen where `frozen` (and, with "
         "freeze_nonfinite, where their gradient has a NaN or Inf); returns which members' gradients have a NaN or Inf.");
+  // Its resident variant on CUDA (FlatAdam.step_resident): no host read, the step count a device tensor.
+  m.def("flat_adam_step_resident", &flat_adam_step_resident, release(), pybind11::arg("param"),
+        pybind11::arg("grad"), pybind11::arg("exp_avg"), pybind11::arg("exp_avg_sq"), pybind11::arg("segments"),
+        pybind11::arg("frozen"), pybind11::arg("step_t"), pybind11::arg("lr"), pybind11::arg("beta1"),
+        pybind11::arg("beta2"), pybind11::arg("eps"),
+        "Adam on flat CUDA buffers of an ensemble's (E, ...) parameters (segments (P, 2) int64 on the device), "
+        "members with a NaN/Inf gradient or in `frozen` taking a zero gradient, the step count step_t (float64, "
+        "on the device) incremented; returns which members' gradients have a NaN or Inf, without a host read.");
 }

@@ -20,6 +20,11 @@
 // rebuilt from W_hat and M_hat in backward: it is in x out, small next to the batch.
 // A gradient that was not asked for (compute_grad_x = false, tied weights) comes back as a tensor
 // of shape (0,), so that every return is a plain Tensor.
+//
+// One training op besides the layers: flat_adam_step_resident, the resident Adam step of the
+// experiments' FlatAdam (a CUDA kernel only: csrc/cuda/flat_adam_cuda.cpp; on any other device, or in a
+// build without CUDA kernels, the kernel below says so).
+#include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
 TORCH_LIBRARY(nalu_cuda, m) {
@@ -88,4 +93,36 @@ TORCH_LIBRARY(nalu_cuda, m) {
   m.def("nmu_forward(Tensor x, Tensor W) -> Tensor");
   // -> (grad_x, grad_W)
   m.def("nmu_backward(Tensor grad_y, Tensor x, Tensor W, bool compute_grad_x) -> (Tensor, Tensor)");
+
+  // The resident Adam step of FlatAdam.step_resident (nalu_cuda/experiments/parts/optim.py), no clipping,
+  // one learning rate: param, grad, exp_avg, exp_avg_sq are the flat buffers (n,); segments (P, 2) int64
+  // rows (offset, per_member) of the (E, ...) parameters; frozen (E,) bool; step_t a float64 scalar, the
+  // step count, incremented here. Members in frozen or with a NaN/Inf gradient take a zero gradient (grad
+  // is zeroed there). Returns nonfinite (E,) bool. Nothing is read back to the host (CUDA-graph capturable).
+  m.def(
+      "flat_adam_step_resident(Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg, Tensor(d!) exp_avg_sq,"
+      " Tensor segments, Tensor frozen, Tensor(e!) step_t, float lr, float beta1, float beta2, float eps) -> Tensor");
+}
+
+namespace {
+
+// Every device without a kernel of flat_adam_step_resident (any but CUDA; every one in a build
+// without CUDA kernels): a clear error instead of the dispatcher's.
+at::Tensor flat_adam_step_resident_unsupported(const at::Tensor& param, const at::Tensor&, const at::Tensor&,
+                                               const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                               const at::Tensor&, double, double, double, double) {
+#ifdef NALU_CUDA_WITH_CUDA
+  const char* build = "";
+#else
+  const char* build = " (and this build of nalu_cuda has no CUDA kernels: it was built without CUDA)";
+#endif
+  TORCH_CHECK(false, "flat_adam_step_resident: argument 'param' must be a CUDA tensor, got ",
+              param.defined() ? c10::str("a tensor on ", param.device()) : std::string("an undefined tensor"),
+              build, "; the fused step on the CPU is nalu_cuda._C.flat_adam_step");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(nalu_cuda, CompositeExplicitAutograd, m) {
+  m.impl("flat_adam_step_resident", &flat_adam_step_resident_unsupported);
 }

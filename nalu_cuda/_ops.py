@@ -46,7 +46,7 @@ except (ImportError, OSError) as exc:  # not built, or built against another tor
             f"forbids falling back to the reference path: {exc}"
         ) from exc
 
-# Every op of csrc/nalu_ops.cpp.
+# Every layer op of csrc/nalu_ops.cpp (the training ops: TRAINING_OP_NAMES, below).
 OP_NAMES = (
     "nac_weight",
     "nac_weight_backward",
@@ -449,3 +449,21 @@ def _register_unit_fakes() -> None:
 
 if ops is not None:
     _register_unit_fakes()
+
+
+# ------------------------------------------------------------------------------------------------
+# Training ops (not layers): the resident Adam step of experiments.parts.optim.FlatAdam, a CUDA
+# kernel only (csrc/cuda/flat_adam_cuda.cpp; other devices get an error, FlatAdam tensor ops).
+# ------------------------------------------------------------------------------------------------
+
+TRAINING_OP_NAMES = ("flat_adam_step_resident",)
+
+
+def _register_training_fakes() -> None:
+    @torch.library.register_fake("nalu_cuda::flat_adam_step_resident")
+    def _(param, grad, exp_avg, exp_avg_sq, segments, frozen, step_t, lr, beta1, beta2, eps):
+        return frozen.new_empty(frozen.shape, dtype=torch.bool)
+
+
+if ops is not None and torch._C._jit_get_schemas_for_operator("nalu_cuda::flat_adam_step_resident"):
+    _register_training_fakes()  # (a library built before the op has none)

@@ -214,3 +214,21 @@ def test_static_stream_option(tmp_path):
         static_config("nac", ["add"], 2, 10, stream="philox")
     out = static.run(cfg, registry.Context(device="cpu", work_dir=str(tmp_path), progress=False))
     assert len(out.records) == 4 and all(np.isfinite(r["interp_mse"]) for r in out.records)
+
+
+def test_resident_step_kernel_is_cuda_only():
+    # The fused resident step (csrc/training/flat_adam_cuda.cu) runs on CUDA tensors only: on CPU
+    # FlatAdam keeps its tensor ops, and the op says what it needs.
+    import nalu_cuda
+
+    E = 2
+    w = torch.nn.Parameter(torch.randn(E, 3))
+    opt = FlatAdam([w], 0.01, ensemble=E)
+    assert opt._resident_native(E) is None
+    if not nalu_cuda.has_extension():
+        pytest.skip("the native extension is not built")
+    z = torch.zeros(6)
+    with pytest.raises(RuntimeError, match="flat_adam_step_resident: argument 'param' must be a CUDA tensor, "
+                                           "got a tensor on cpu"):
+        torch.ops.nalu_cuda.flat_adam_step_resident(z, z, z, z, torch.tensor([[0, 3]]), torch.zeros(E, dtype=torch.bool),
+                                                    torch.zeros((), dtype=torch.float64), 0.01, 0.9, 0.999, 1e-8)

@@ -2,8 +2,9 @@
 
 :class:`FlatAdam` is the toolkit's one optimiser, for every task: every parameter a view of one
 flat buffer, on CPU one fused native pass per step (``csrc/training/flat_adam.cpp``) that also
-freezes diverged members; optionally a learning rate per parameter group and per member, and
-gradient-norm clipping per member (the sequence tasks use both).
+freezes diverged members, on CUDA two kernel launches for the device-resident step
+(``csrc/training/flat_adam_cuda.cu``); optionally a learning rate per parameter group and per
+member, and gradient-norm clipping per member (the sequence tasks use both).
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class FlatAdam:
         self.step_count = 0
         self._step_t: Optional[Tensor] = None  # the step count on the device (resident steps)
         self._segments = None
+        self._resident = None  # (E, device) and the CUDA kernel of step_resident, see _resident_native
         self._views = []
         off = 0
         with torch.no_grad():
@@ -188,16 +190,48 @@ class FlatAdam:
         self.step()
         return nonfinite
 
+    # step_resident takes the CUDA kernel where it applies; False (on an instance) keeps the tensor ops.
+    native_resident = True
+
+    def _resident_native(self, E: int):
+        """The CUDA kernel of :meth:`step_resident` (``flat_adam_step_resident``,
+        csrc/training/flat_adam_cuda.cu) and the (offset, per-member size) of every parameter as an
+        int64 tensor on the device, or None where it does not apply (not CUDA, no CUDA kernel built,
+        a dtype other than float32/float64, learning rates per element or clipping, a parameter
+        without the leading member dimension E). Worked out once per E (not under a graph capture:
+        the warm-up steps before it build the segments)."""
+        key = (E, self.flat.device)
+        if self._resident is None or self._resident[0] != key:
+            from nalu_cuda import _ops
+
+            native = None
+            if (self.flat.is_cuda and self.flat.dtype in (torch.float32, torch.float64) and self.lr_flat is None
+                    and self.clip is None and all(len(s) and s[0] % E == 0 for _, _, s in self._views)
+                    and _ops.has_kernel("cuda", "flat_adam_step_resident")):
+                fn = getattr(_ops.fast, "flat_adam_step_resident", None) or _ops.ops.flat_adam_step_resident
+                segs = torch.tensor([[off, k // E] for off, k, _ in self._views], dtype=torch.long,
+                                    device=self.flat.device)
+                native = (fn, segs)
+            self._resident = (key, native)
+        return self._resident[1]
+
     @torch.no_grad()
     def step_resident(self, frozen: Tensor) -> Tensor:
         """The step of :meth:`step_ensemble` with no host round trip (nothing is read back, the
         step count lives on the device), so that a CUDA graph can capture it: members in
         ``frozen`` (E,) and members whose gradient has a NaN or Inf take a zero gradient; returns
         the latter ``(E,)``. The bias corrections are computed on the device from the step count,
-        so the update is Adam's, but not bit-identical to :meth:`step`'s (host scalars)."""
+        so the update is Adam's, but not bit-identical to :meth:`step`'s (host scalars). On CUDA
+        (no clipping, one learning rate) two kernel launches (``_resident_native``) with the same
+        arithmetic as these tensor ops, element by element; elsewhere the tensor ops."""
         if self._step_t is None or self._step_t.device != self.flat.device:
             self._step_t = torch.full((), float(self.step_count), dtype=torch.float64, device=self.flat.device)
         E = frozen.numel()
+        native = self._resident_native(E) if self.native_resident else None
+        if native is not None:
+            fn, segs = native
+            return fn(self.flat, self.grad, self.exp_avg, self.exp_avg_sq, segs, frozen.contiguous(), self._step_t,
+                      self.lr, self.beta1, self.beta2, self.eps)
         grads = self._member_grads(E)
         nonfinite = ~torch.stack([torch.isfinite(g).all(1) for g in grads], 1).all(1)
         drop = (frozen | nonfinite).unsqueeze(1)
