@@ -232,3 +232,28 @@ def test_resident_step_kernel_is_cuda_only():
                                            "got a tensor on cpu"):
         torch.ops.nalu_cuda.flat_adam_step_resident(z, z, z, z, torch.tensor([[0, 3]]), torch.zeros(E, dtype=torch.bool),
                                                     torch.zeros((), dtype=torch.float64), 0.01, 0.9, 0.999, 1e-8)
+
+
+def test_counter_stream_sequence_targets_are_the_recurrent_tasks():
+    seeds, I, ops = [3, 4], 12, ("add", "sub")
+    masks = torch.stack([subset_layout(s, I, 0.25, 0.5).mask() for s in seeds])
+    st = CounterStream(seeds, (5, 7, I), Range(((1.0, 2.0),)), masks=masks, ops=ops)
+    x, t = st.draw(2)
+    assert x.shape == (2, 5, 7, I) and t.shape == (4, 5, 1)
+    ab = torch.bmm(x.double().sum(-2), masks.double())
+    want = torch.cat([apply_op(op, ab[..., 0], ab[..., 1]) for op in ops], 0).unsqueeze(-1).float()
+    assert torch.equal(t, want)
+
+
+def test_recurrent_stream_option(tmp_path):
+    from nalu_cuda.experiments.tasks import recurrent
+    from nalu_cuda.experiments.tasks.recurrent import recurrent_config
+
+    default = recurrent_config("nac", ["add"], 2, 10)
+    assert "stream" not in default.params and "graph" not in default.params
+    cfg = recurrent_config("nac", ["add"], 2, 30, stream="counter", eval_every=10, n_valid=64, n_test=64,
+                           n_extrap=16, baseline_models=4, threshold_samples=10_000, extrap_length=20,
+                           curve_lengths=[10, 20])
+    assert cfg.params["stream"] == "counter"
+    out = recurrent.run(cfg, registry.Context(device="cpu", work_dir=str(tmp_path), progress=False))
+    assert len(out.records) == 2 and all(np.isfinite(r["interp_mse"]) for r in out.records)

@@ -187,6 +187,35 @@ def as_range(r: Union["Range", Sequence], what: str = "range") -> Range:
 # is left out of a configuration's stored parameters (configurations of earlier versions match).
 REG_DEFAULTS: Dict[str, Optional[float]] = {"reg_scale": None, "reg_start": None, "reg_end": None}
 
+# Data and step options of the static and recurrent tasks, stored in a configuration only when they
+# differ from these defaults (so the configurations, fingerprints and results of the default CPU
+# path stay as they were):
+#   stream: "sfc64" (UniformStream: per-seed SFC64 streams drawn on the host, the published runs'
+#           numbers) or "counter" (CounterStream: drawn on the training device, with the
+#           device-resident step of train_ensemble; other numbers);
+#   graph:  with the counter stream on CUDA, the step captured in a CUDA graph and replayed.
+STEP_DEFAULTS: Dict[str, Any] = {"stream": "sfc64", "graph": True}
+STREAMS = ("sfc64", "counter")
+
+
+def add_step_arguments(parser) -> None:
+    """``--stream`` and ``--no-graph`` of the static and recurrent tasks."""
+    parser.add_argument("--stream", choices=STREAMS, default="sfc64",
+                        help="training data: sfc64 (default: per-seed SFC64 streams drawn on the host, the published "
+                             "runs' numbers) or counter (per-seed counter-based streams drawn on the training device, "
+                             "with a step that never waits for the host: use it with --device cuda; other numbers)")
+    parser.add_argument("--no-graph", dest="graph", action="store_false",
+                        help="with --stream counter on CUDA: run the step eagerly instead of replaying it as a CUDA graph")
+
+
+def step_params(params: Dict, task: str) -> None:
+    """Validate ``stream`` in ``params`` in place and drop the step options left at their default."""
+    if params.get("stream", "sfc64") not in STREAMS:
+        raise ValueError(f"{task}: stream must be one of {STREAMS}, got {params['stream']!r}")
+    for k, v in STEP_DEFAULTS.items():
+        if params.get(k) == v:
+            params.pop(k)
+
 
 def add_reg_arguments(parser) -> None:
     """The regulariser flags of the static and recurrent tasks."""
@@ -239,6 +268,8 @@ class TaskParams:
     reg_scale: Optional[float]
     reg_start: Optional[float]
     reg_end: Optional[float]
+    stream: str
+    graph: bool
 
     @property
     def reg(self) -> Dict[str, Optional[float]]:
@@ -247,7 +278,7 @@ class TaskParams:
 
     @classmethod
     def from_params(cls, params: Dict, defaults: Dict):
-        p = {**REG_DEFAULTS, **defaults, **params}
+        p = {**REG_DEFAULTS, **STEP_DEFAULTS, **defaults, **params}
         p.update(ops=tuple(p["ops"]), interp=as_range(p["interp"], "interpolation range"),
                  extrap=as_range(p["extrap"], "extrapolation range"))
         cls._parse(p)

@@ -483,3 +483,11 @@ def sparsity_error(module: nn.Module, ensemble: Optional[int]) -> Optional[Tenso
     if not ws:
         return None
     return R.sparsity_error(ws, ensemble=ensemble is not None).reshape(-1)
+
+
+def resident_graph(p, device: torch.device, hooks: Dict[str, Any], lr_milestones: Sequence[float] = ()) -> bool:
+    """Whether a task's resident step runs as a CUDA graph: ``--stream counter`` on CUDA, graphs not
+    turned off, and nothing the host must decide per step (a regulariser schedule, a
+    re-initialisation, learning-rate milestones)."""
+    return (p.stream == "counter" and p.graph and device.type == "cuda" and not lr_milestones
+            and "regularizer" not in hooks and "reinit" not in hooks)

@@ -58,8 +58,9 @@ class CounterStream:
 
     ``draw(step)`` takes the step as a 0-dim int64 tensor on ``device`` (a captured CUDA graph
     advances it in place), or an int. With ``masks`` ``(S, I, 2)`` and ``ops``, ``draw`` also gives
-    the targets ``(len(ops) * S, B, 1)`` of the static task, computed on the device in float64 from
-    the float32 inputs, like :class:`~.uniform_stream.SumTargets`.
+    the targets ``(len(ops) * S, B, 1)`` of the static task (for sequences ``(S, B, T, I)``, of the
+    recurrent task: of the sums over time), computed on the device in float64 from the float32
+    inputs, like :class:`~.uniform_stream.SumTargets`.
     """
 
     def __init__(self, seeds: Sequence[int], shape: Sequence[int], rng_range: Range, device="cpu",
@@ -99,6 +100,9 @@ class CounterStream:
         x = self.inputs(step)
         if self.masks is None:
             return x, None
-        ab = torch.bmm(x.double(), self.masks)  # (S, B, 2), exact sums of the float32 inputs
+        xs = x.double()
+        if xs.dim() == 4:  # sequences (S, B, T, I): the targets are those of the sums over time
+            xs = xs.sum(-2)
+        ab = torch.bmm(xs, self.masks)  # (S, B, 2), exact sums of the float32 inputs
         t = torch.cat([apply_op(op, ab[..., 0], ab[..., 1]) for op in self.ops], 0).unsqueeze(-1).float()
         return x, t

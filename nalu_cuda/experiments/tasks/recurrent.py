@@ -26,9 +26,10 @@ import torch
 from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_results import ensemble_members, final_errors, member_records, per_op_summaries
-from ..parts.arithmetic_models import (RECURRENT_MODELS, build_recurrent_model, check_model, member_generators,
+from ..parts.arithmetic_models import (resident_graph, RECURRENT_MODELS, build_recurrent_model, check_model, member_generators,
                                        regularizer_schedule, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
+from ..parts.counter_stream import CounterStream
 from ..parts.uniform_stream import SumTargets, UniformStream
 from ..plugin import register_task
 from ..registry import Config, ConfigResult, Context, RunOutput
@@ -74,7 +75,7 @@ def recurrent_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, 
     ops = [ar.canonical_op(o) for o in ops]
     if len(set(ops)) != len(ops):
         raise ValueError(f"operations repeat: {ops}")
-    unknown = set(params) - set(DEFAULTS) - set(ar.REG_DEFAULTS)
+    unknown = set(params) - set(DEFAULTS) - set(ar.REG_DEFAULTS) - set(ar.STEP_DEFAULTS)
     if unknown:
         raise ValueError(f"unknown recurrent parameters {sorted(unknown)}")
     if seeds < 1:
@@ -97,6 +98,7 @@ def recurrent_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, 
     p["interp"], p["extrap"] = interp.to_list(), extrap.to_list()
     p["model"], p["ops"] = model, ops
     ar.reg_params(p, regularizer_schedule)
+    ar.step_params(p, "recurrent")
     if name is None:
         name = f"{model}-{'+'.join(ops) if len(ops) < 6 else 'allops'}-T{p['train_length']}-to-T{p['extrap_length']}"
     return Config("recurrent", name, int(seeds), int(steps), p)
@@ -123,11 +125,15 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
     model = build_recurrent_model(p.model, I, hidden, ensemble=E, backend=p.backend, eps=p.eps)
     model.reset_parameters(member_generators(member_seeds))
     model.to(dev)
-    stream = UniformStream(seeds, (p.batch, T, I), interp, chunk=8, prefetch=True,
-                              transform=SumTargets(masks.numpy(), ops))
+    resident = p.stream == "counter"
+    if resident:  # drawn on the device from (seed, step), targets there too
+        stream = CounterStream(seeds, (p.batch, T, I), interp, device=dev, masks=masks, ops=ops)
+    else:
+        stream = UniformStream(seeds, (p.batch, T, I), interp, chunk=8, prefetch=True,
+                               transform=SumTargets(masks.numpy(), ops))
 
-    def batch_fn(step: int):
-        x, t = stream.next()
+    def batch_fn(step):
+        x, t = stream.draw(step) if resident else stream.next()
         x, t = x.to(dev), t.to(dev)
         return (x if len(ops) == 1 else x.repeat(len(ops), 1, 1, 1)), t
 
@@ -142,13 +148,15 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
     thresholds = {op: ar.recurrent_mse_threshold(op, extrap, L, I, p.subset_ratio, p.overlap_ratio,
                                                  samples=p.threshold_samples) for op in ops}
     thr = torch.tensor([thresholds[op] for op in ops for _ in seeds], dtype=torch.float64)
+    hooks = training_hooks(model, p.reg, member_seeds)
     try:
         res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p.lr, eval_every=p.eval_every,
                              threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"recurrent {cfg.name}",
-                             clip=p.clip, stream_state=(stream.state_dict, stream.load_state_dict),
-                             **training_hooks(model, p.reg, member_seeds))
+                             clip=p.clip, stream_state=None if resident else (stream.state_dict, stream.load_state_dict),
+                             resident=resident, graph=resident_graph(p, dev, hooks), **hooks)
     finally:
-        stream.close()
+        if not resident:
+            stream.close()
     errors = final_errors(model, res, test_i, test_x, E)
     base = _baseline(p, ops, test_i, test_x, dev)
     curve = _length_curve(model, p, ops, masks, interp, S, dev, res.diverged)
@@ -223,6 +231,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clip", type=positive_float, default=None,
                         help="per-member gradient-norm clipping (default: none)")
     ar.add_reg_arguments(parser)
+    ar.add_step_arguments(parser)
     parser.add_argument("--backend", choices=("auto", "fused", "reference"), default="auto")
 
 
@@ -235,7 +244,8 @@ def configs(args: argparse.Namespace) -> List[Config]:
     return [recurrent_config(m, ops, seeds, steps, interp=interp, extrap=extrap, train_length=args.train_length,
                              extrap_length=args.extrap_length, lr=args.lr, eval_every=min(args.eval_every, steps),
                              clip=args.clip, backend=args.backend,
-                             reg_scale=args.reg_scale, reg_start=args.reg_start, reg_end=args.reg_end) for m in args.model]
+                             reg_scale=args.reg_scale, reg_start=args.reg_start, reg_end=args.reg_end,
+                             stream=args.stream, graph=args.graph) for m in args.model]
 
 
 def profile_configs(profile: str) -> List[Config]:

@@ -27,7 +27,7 @@ import torch
 from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_results import ensemble_members, final_errors, member_records
-from ..parts.arithmetic_models import (ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model,
+from ..parts.arithmetic_models import (resident_graph, ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model,
                                        member_generators, regularizer_schedule, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
 from ..parts.counter_stream import CounterStream
@@ -70,8 +70,6 @@ class StaticParams(ar.TaskParams):
     threshold_layout: str
     lr_milestones: Tuple[float, ...]
     lr_gamma: float
-    stream: str
-    graph: bool
 
     @classmethod
     def from_params(cls, params: Dict[str, Any]) -> "StaticParams":
@@ -80,17 +78,7 @@ class StaticParams(ar.TaskParams):
     @staticmethod
     def _parse(p: Dict[str, Any]) -> None:
         p["lr_milestones"] = tuple(p["lr_milestones"])
-        for k, v in STEP_DEFAULTS.items():
-            p.setdefault(k, v)
 
-
-# Data and step options stored in a configuration only when they differ from these defaults (so the
-# configurations, fingerprints and results of the default CPU path stay as they were).
-#   stream: "sfc64" (the CPU streams of UniformStream, drawn on the host) or "counter" (CounterStream:
-#           drawn on the training device, with the device-resident step of train_ensemble);
-#   graph:  with the counter stream on CUDA, the step captured in a CUDA graph and replayed.
-STEP_DEFAULTS: Dict[str, Any] = {"stream": "sfc64", "graph": True}
-STREAMS = ("sfc64", "counter")
 
 _THRESHOLD_CACHE: Dict[tuple, float] = {}
 
@@ -115,7 +103,7 @@ def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, nam
     if len(set(ops)) != len(ops):
         raise ValueError(f"operations repeat: {ops}")
     p = dict(DEFAULTS)
-    unknown = set(params) - set(DEFAULTS) - set(ar.REG_DEFAULTS) - set(STEP_DEFAULTS)
+    unknown = set(params) - set(DEFAULTS) - set(ar.REG_DEFAULTS) - set(ar.STEP_DEFAULTS)
     if unknown:
         raise ValueError(f"unknown static parameters {sorted(unknown)}")
     p.update({k: v for k, v in params.items() if v is not None})
@@ -139,11 +127,7 @@ def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, nam
     p["interp"], p["extrap"] = interp.to_list(), extrap.to_list()
     p["model"], p["ops"] = model, ops
     ar.reg_params(p, regularizer_schedule)
-    if p.get("stream", "sfc64") not in STREAMS:
-        raise ValueError(f"static: stream must be one of {STREAMS}, got {p['stream']!r}")
-    for k, v in STEP_DEFAULTS.items():
-        if p.get(k) == v:
-            p.pop(k)
+    ar.step_params(p, "static")
     if name is None:
         hid = "" if int(p["hidden"]) == 2 else f"-h{int(p['hidden'])}"
         name = (f"{model}{hid}-{'+'.join(ops) if len(ops) < 6 else 'allops'}-{_range_name(p['interp'])}-to-"
@@ -199,8 +183,7 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
                              threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"static {cfg.name}",
                              stream_state=None if resident else (stream.state_dict, stream.load_state_dict),
                              lr_milestones=p.lr_milestones, lr_gamma=p.lr_gamma, resident=resident,
-                             graph=(resident and p.graph and dev.type == "cuda" and not p.lr_milestones
-                                    and "regularizer" not in hooks and "reinit" not in hooks),
+                             graph=resident_graph(p, dev, hooks, p.lr_milestones),
                              **hooks)
     finally:
         if not resident:
@@ -317,12 +300,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="size of the validation and test sets (default: 10000)")
     parser.add_argument("--backend", choices=("auto", "fused", "reference"), default="auto",
                         help="NAC/NALU implementation (default: auto)")
-    parser.add_argument("--stream", choices=STREAMS, default="sfc64",
-                        help="training data: sfc64 (default: per-seed SFC64 streams drawn on the host, the published "
-                             "runs' numbers) or counter (per-seed counter-based streams drawn on the training device, "
-                             "with a step that never waits for the host: use it with --device cuda; other numbers)")
-    parser.add_argument("--no-graph", dest="graph", action="store_false",
-                        help="with --stream counter on CUDA: run the step eagerly instead of replaying it as a CUDA graph")
+    ar.add_step_arguments(parser)
     ar.add_reg_arguments(parser)
 
 
