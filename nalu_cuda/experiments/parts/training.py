@@ -358,8 +358,8 @@ def train_ensemble(
         err = (model(x) - target).reshape(E, -1)
         return (err * err).mean(1)
 
-    def _eager_step(step: int) -> int:
-        """One step (the default path, bit for bit the published runs'); returns 1."""
+    def _eager_step(step: int) -> None:
+        """One step (the default path, bit for bit the published runs')."""
         nonlocal diverged
         loss = training_loss(step)
         penalty = None if regularizer is None else regularizer(step, loss.detach())
@@ -380,7 +380,6 @@ def train_ensemble(
             with torch.no_grad():
                 project()
         loss_acc.add_(loss.detach().double())
-        return 1
 
     def resident_step(step: Optional[int]) -> None:
         """One step with no host round trip (see ``resident``); ``step`` is None under a graph."""
@@ -417,9 +416,9 @@ def train_ensemble(
                 opt.lr = base_lr * lr_gamma ** sum(step > b for b in bounds)
             if resident:
                 runner(step)
-                loss_n += 1
             else:
-                loss_n += _eager_step(step)
+                _eager_step(step)
+            loss_n += 1
             if step % eval_every == 0 or step == steps:
                 final_loss = (loss_acc / max(1, loss_n)).cpu()
                 loss_acc.zero_()
