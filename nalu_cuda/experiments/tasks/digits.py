@@ -50,7 +50,8 @@ from ..parts.optim import FlatAdam
 from ..parts.seeding import member_generators
 from ..parts.sequence_models import ARITHMETIC_KINDS, make_recurrent
 from ..parts.training import generator_state, train_ensemble
-from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting, task_model_configs
+from ..plugin import (add_backend_argument, add_task_model_arguments, profile_entry, register_task, run_options,
+                      run_setting, task_model_configs, task_model_options)
 from ..report import figure_lines, fmt_ci, fmt_num
 from ..stats import interval_summary
 
@@ -327,8 +328,7 @@ def profile_configs(profile: str) -> List[registry.Config]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", choices=TASKS + ("both",), default="both", help="counting, addition or both")
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    add_task_model_arguments(parser, TASKS, MODELS, "counting, addition or both")
     parser.add_argument("--mnist-dir", type=mnist_directory, default=None,
                         help="directory with the four MNIST IDX files (default: scikit-learn's bundled 8x8 digits)")
     parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="test sequence lengths")
@@ -338,17 +338,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_backend_argument(parser)
 
 
-def _parse_list(text: str, allowed: Sequence[str], what: str) -> List[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in items if t not in allowed]
-    if bad or not items:
-        raise ValueError(f"{what}: expected a comma-separated subset of {','.join(allowed)}, got {text!r}")
-    return items
-
-
 def configs(args: argparse.Namespace) -> List[registry.Config]:
-    tasks = list(TASKS) if args.task == "both" else [args.task]
-    models = _parse_list(args.models, MODELS, "--models")
+    tasks, models = task_model_options(args, TASKS, MODELS)
     try:
         lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     except ValueError:

@@ -40,7 +40,8 @@ from ..parts.optim import FlatAdam
 from ..parts.seeding import member_generators
 from ..parts.sequence_models import EnsembleLSTM
 from ..parts.training import train_ensemble
-from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting
+from ..plugin import (add_backend_argument, add_subset_argument, profile_entry, register_task, run_options,
+                      run_setting, subset_option)
 from ..report import figure_lines, fmt_ci, fmt_num
 from ..stats import interval_summary
 
@@ -315,7 +316,7 @@ def profile_configs(profile: str) -> List[registry.Config]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--heads", default=",".join(HEADS), help=f"comma-separated subset of {','.join(HEADS)}")
+    add_subset_argument(parser, "--heads", HEADS)
     parser.add_argument("--hidden", type=comma_list(positive_int), default="10,20",
                         help="LSTM sizes tried in model selection (comma-separated)")
     parser.add_argument("--emb", type=positive_int, default=64, help="embedding size")
@@ -327,10 +328,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def configs(args: argparse.Namespace) -> List[registry.Config]:
-    heads = [h.strip() for h in args.heads.split(",") if h.strip()]
-    bad = [h for h in heads if h not in HEADS]
-    if bad or not heads:
-        raise ValueError(f"--heads: expected a comma-separated subset of {','.join(HEADS)}, got {args.heads!r}")
+    heads = subset_option(args.heads, HEADS, "--heads")
     params: Dict[str, Any] = {"sizes": [[args.emb, h] for h in args.hidden], "lrs": args.lrs,
                               "split_seed": args.split_seed}
     seeds, steps = run_options(args, params, PROFILES["quick"])
