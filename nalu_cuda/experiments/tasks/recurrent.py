@@ -25,7 +25,7 @@ import torch
 
 from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
-from ..parts.arithmetic_results import ensemble_members, final_errors, member_records, per_op_summaries
+from ..parts.arithmetic_results import final_errors, member_records, per_op_summaries, run_members
 from ..parts.arithmetic_models import (resident_graph, RECURRENT_MODELS, build_recurrent_model, check_model, member_generators,
                                        regularizer_schedule, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
@@ -111,10 +111,7 @@ def _shared_targets(x: torch.Tensor, masks: torch.Tensor, ops: Sequence[str]) ->
 
 def run(cfg: Config, ctx: Context) -> RunOutput:
     p = RecurrentParams.from_params(cfg.params)
-    torch.manual_seed(0)
-    ops, S = p.ops, cfg.seeds
-    seeds, member_seeds = ensemble_members(ops, p.seed_offset, S)
-    E = len(member_seeds)
+    ops, S, seeds, member_seeds, E = run_members(p, cfg)
     I, T, L = p.input_size, p.train_length, p.extrap_length
     interp, extrap = p.interp, p.extrap
     dev = torch.device(ctx.device)
@@ -149,8 +146,7 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
                              clip=p.clip, stream_state=None if resident else (stream.state_dict, stream.load_state_dict),
                              resident=resident, graph=resident_graph(p, dev, hooks), **hooks)
     finally:
-        if not resident:
-            stream.close()
+        stream.close()
     errors = final_errors(model, res, test_i, test_x, E)
     base = _baseline(p, ops, test_i, test_x, dev)
     curve = _length_curve(model, p, ops, masks, interp, S, dev, res.diverged)

@@ -26,7 +26,7 @@ import torch
 
 from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
-from ..parts.arithmetic_results import ensemble_members, final_errors, member_records
+from ..parts.arithmetic_results import final_errors, member_records, run_members
 from ..parts.arithmetic_models import (resident_graph, ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model,
                                        member_generators, regularizer_schedule, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
@@ -135,10 +135,7 @@ def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, nam
 
 def run(cfg: Config, ctx: Context) -> RunOutput:
     p = StaticParams.from_params(cfg.params)
-    torch.manual_seed(0)
-    ops, S = p.ops, cfg.seeds
-    seeds, member_seeds = ensemble_members(ops, p.seed_offset, S)
-    E = len(member_seeds)
+    ops, S, seeds, member_seeds, E = run_members(p, cfg)
     I = p.input_size
     interp, extrap = p.interp, p.extrap
     dev = torch.device(ctx.device)
@@ -180,8 +177,7 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
                              graph=resident_graph(p, dev, hooks, p.lr_milestones),
                              **hooks)
     finally:
-        if not resident:
-            stream.close()
+        stream.close()
 
     errors = final_errors(model, res, test_i, test_x, E)
     base = _random_baseline(p, ops, test_i, test_x, dev)
