@@ -123,29 +123,26 @@ def _check_pair(op: str, W_hat: Tensor, M_hat: Tensor, w: str = "W_hat", m: str 
     _check_match(op, m, M_hat, w, W_hat)
 
 
-def _layer_out_shape(
-    op: str,
-    x: Tensor,
-    W_hat: Tensor,
-    M_hat: Tensor,
-    W_hat_m: Optional[Tensor] = None,
-    M_hat_m: Optional[Tensor] = None,
-    G: Optional[Tensor] = None,
-    input_gate: bool = True,
-    eps: Optional[float] = None,
-) -> list:
+def _check_eps(op: str, eps: float) -> None:
+    if not (eps > 0 and eps != float("inf")):
+        _fail(op, f"argument 'eps' must be a positive finite number, got {eps}")
+
+
+def _nac_out_shape(op: str, x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: Optional[float] = None) -> list:
+    """The checks of ``x`` and the weight pair of a NAC layer (and of ``eps`` when given); returns y's shape."""
     _check_float(op, "x", x)
     _check_pair(op, W_hat, M_hat)
     _check_match(op, "W_hat", W_hat, "x", x)
-    I, O = W_hat.shape[-2], W_hat.shape[-1]
-    if W_hat.dim() == 3:
-        E = W_hat.shape[0]
-        if x.dim() < 2 or x.shape[0] != E or x.shape[-1] != I:
-            _fail(op, f"argument 'x' must have shape (E, ..., in) = ({E}, ..., {I}) to match ensemble "
-                      f"weights 'W_hat' {list(W_hat.shape)}, got {list(x.shape)}")
-    elif x.dim() < 1 or x.shape[-1] != I:
-        _fail(op, f"argument 'x' must have shape (..., in) = (..., {I}) to match 'W_hat' "
-                  f"{list(W_hat.shape)}, got {list(x.shape)}")
+    _, O = _check_x_matches(op, x, W_hat, "W_hat")
+    if eps is not None:
+        _check_eps(op, eps)
+    return list(x.shape[:-1]) + [O]
+
+
+def _nalu_out_shape(op: str, x: Tensor, W_hat: Tensor, M_hat: Tensor, W_hat_m: Optional[Tensor],
+                    M_hat_m: Optional[Tensor], G: Optional[Tensor], input_gate: bool, eps: float) -> list:
+    """The NAC checks, then the separate weights of the multiplicative path, the gate and eps."""
+    shape = _nac_out_shape(op, x, W_hat, M_hat)
     if (W_hat_m is None) != (M_hat_m is None):
         _fail(op, "separate multiplicative weights need both 'W_hat_m' and 'M_hat_m'")
     if W_hat_m is not None:
@@ -160,12 +157,11 @@ def _layer_out_shape(
         if input_gate and G.shape != W_hat.shape:
             _fail(op, f"argument 'G' of an input-dependent gate must have the shape of 'W_hat' "
                       f"{list(W_hat.shape)}, got {list(G.shape)}")
-        want = list(W_hat.shape[:-2]) + [O]
+        want = list(W_hat.shape[:-2]) + [W_hat.shape[-1]]
         if not input_gate and list(G.shape) != want:
             _fail(op, f"argument 'G' of an input-independent gate must have shape {want}, got {list(G.shape)}")
-    if eps is not None and not (eps > 0 and eps != float("inf")):
-        _fail(op, f"argument 'eps' must be a positive finite number, got {eps}")
-    return list(x.shape[:-1]) + [O]
+    _check_eps(op, eps)
+    return shape
 
 
 def _like(t: Tensor) -> Tensor:
@@ -192,31 +188,31 @@ def _register_fakes() -> None:
 
     @reg("nalu_cuda::nac_forward")
     def _(x, W_hat, M_hat):
-        return x.new_empty(_layer_out_shape("nac_forward", x, W_hat, M_hat))
+        return x.new_empty(_nac_out_shape("nac_forward", x, W_hat, M_hat))
 
     @reg("nalu_cuda::nac_backward")
     def _(grad_y, x, W_hat, M_hat, compute_grad_x):
-        _layer_out_shape("nac_backward", x, W_hat, M_hat)
+        _nac_out_shape("nac_backward", x, W_hat, M_hat)
         return _grad_or_empty(compute_grad_x, x, x), _like(W_hat), _like(M_hat)
 
     @reg("nalu_cuda::nac_mul_forward")
     def _(x, W_hat, M_hat, eps):
-        return x.new_empty(_layer_out_shape("nac_mul_forward", x, W_hat, M_hat, eps=eps)), _like(x)
+        return x.new_empty(_nac_out_shape("nac_mul_forward", x, W_hat, M_hat, eps)), _like(x)
 
     @reg("nalu_cuda::nac_mul_backward")
     def _(grad_y, x, W_hat, M_hat, y, lx, eps, compute_grad_x):
-        _layer_out_shape("nac_mul_backward", x, W_hat, M_hat, eps=eps)
+        _nac_out_shape("nac_mul_backward", x, W_hat, M_hat, eps)
         return _grad_or_empty(compute_grad_x, x, x), _like(W_hat), _like(M_hat)
 
     @reg("nalu_cuda::nalu_forward")
     def _(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate):
-        shape = _layer_out_shape("nalu_forward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps)
+        shape = _nalu_out_shape("nalu_forward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps)
         g = x.new_empty(shape) if input_gate else _like(G)
         return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape), g, _like(x)
 
     @reg("nalu_cuda::nalu_backward")
     def _(grad_y, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, eps, input_gate, compute_grad_x):
-        _layer_out_shape("nalu_backward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps)
+        _nalu_out_shape("nalu_backward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps)
         sep = W_hat_m is not None
         return (
             _grad_or_empty(compute_grad_x, x, x),
@@ -343,13 +339,12 @@ def _npu_out_shape(op: str, x: Tensor, W_r: Tensor, W_i: Optional[Tensor], g: Te
     if list(g.shape) != want:
         _fail(op, f"argument 'g' (the relevance gate) must have shape {'(E, in)' if W_r.dim() == 3 else '(in,)'} = "
                   f"{want}, got {list(g.shape)}")
-    if not (eps > 0 and eps != float("inf")):
-        _fail(op, f"argument 'eps' must be a positive finite number, got {eps}")
+    _check_eps(op, eps)
     return list(x.shape[:-1]) + [O]
 
 
 def _inalu_out_shape(op: str, x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega) -> list:
-    shape = _layer_out_shape(op, x, W_hat, M_hat, W_hat_m, M_hat_m, G, False, eps)
+    shape = _nalu_out_shape(op, x, W_hat, M_hat, W_hat_m, M_hat_m, G, False, eps)
     if omega != omega or omega in (float("inf"), float("-inf")):
         _fail(op, f"argument 'omega' must be a finite number, got {omega}")
     return shape

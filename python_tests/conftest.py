@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 # The suite tests the native ops: a missing extension must fail loudly, not fall back.
 os.environ.setdefault("NALU_CUDA_REQUIRE_EXT", "1")
@@ -39,6 +41,18 @@ def unit_cases(units, shapes):
 def shape_ids(shapes):
     """Test ids ``E<e>-B<batch>-I<i>-O<o>`` of ``(E, batch shape, I, O, ...)`` tuples."""
     return [f"E{s[0]}-B{'x'.join(map(str, s[1])) or 'none'}-I{s[2]}-O{s[3]}" for s in shapes]
+
+
+def run_fresh_interpreter(code: str, isa=None) -> None:
+    """Runs ``code`` in a fresh interpreter from the repository root, this tree first on its path, with
+    ``NALU_CUDA_CPU_ISA=isa`` when given (the instruction set is chosen once per process); fails with
+    the end of its output unless it exits 0."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if isa:
+        env["NALU_CUDA_CPU_ISA"] = isa
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0, out.stderr[-4000:] + out.stdout[-2000:]
 
 
 @pytest.fixture(autouse=True)

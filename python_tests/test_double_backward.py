@@ -16,12 +16,22 @@ SHAPES = [(None, (4,), 3, 2), (None, (3,), 3, 17), (2, (2, 2), 3, 2)]
 SHAPE_IDS = ["rowwise", "blas", "ensemble"]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("unit", list(UNITS))
-def test_gradgradcheck(unit, shape, device):
+def unit_shape_device_cases(fn):
+    """Parametrize a test ``(unit, shape, device)`` over UNITS, SHAPES and DEVICES."""
+    fn = pytest.mark.parametrize("unit", list(UNITS))(fn)
+    fn = pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)(fn)
+    return pytest.mark.parametrize("device", DEVICES)(fn)
+
+
+def float64_args(unit, shape, device):
+    """``make_args`` of ``unit`` for a SHAPES entry, in float64."""
     E, batch, I, O = shape
-    args, kwargs = make_args(unit, E, batch, I, O, torch.float64, device)
+    return make_args(unit, E, batch, I, O, torch.float64, device)
+
+
+@unit_shape_device_cases
+def test_gradgradcheck(unit, shape, device):
+    args, kwargs = float64_args(unit, shape, device)
     args = tuple(t.requires_grad_() for t in args)
     fused_fn = UNITS[unit][1]
     assert torch.autograd.gradgradcheck(lambda *t: fused_fn(*t, **kwargs), args, eps=1e-6, atol=1e-6)
@@ -42,12 +52,9 @@ def _hvp(fn, args, kwargs, gy, v):
     return grads, torch.autograd.grad(grads, args, grad_outputs=v)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("unit", list(UNITS))
+@unit_shape_device_cases
 def test_hessian_vector_product_matches_reference(unit, shape, device):
-    E, batch, I, O = shape
-    args, kwargs = make_args(unit, E, batch, I, O, torch.float64, device)
+    args, kwargs = float64_args(unit, shape, device)
     ref_fn, fused_fn = UNITS[unit][:2]
     gy = torch.randn_like(ref_fn(*args, **kwargs))
     v = [torch.randn_like(t) for t in args]

@@ -7,9 +7,6 @@ The forward ops are reached through :mod:`nalu_cuda.functional` (so the backward
 non-contiguous ``grad_y`` too); the backward ops' saved tensors are checked directly against a
 call with contiguous copies.
 """
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,7 +15,7 @@ from nalu_cuda import functional as F
 from nalu_cuda import reference as R
 from nalu_cuda.testing import rand_input, rand_params, tolerances
 
-from .conftest import DEVICES
+from .conftest import DEVICES, run_fresh_interpreter
 
 ops = torch.ops.nalu_cuda
 
@@ -196,7 +193,4 @@ def test_layouts_under_baseline_isa():
         "    _check(unit, shape, arg, layout, torch.float32, 'cpu')\n"
         "print('ok')\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, NALU_CUDA_CPU_ISA="base", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=root)
-    assert out.returncode == 0, out.stderr[-4000:] + out.stdout[-2000:]
+    run_fresh_interpreter(code, isa="base")

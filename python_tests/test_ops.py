@@ -1,8 +1,5 @@
 """The fused ops against the reference (values and every gradient), gradcheck, opcheck."""
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -12,7 +9,7 @@ from nalu_cuda import functional as F
 from nalu_cuda import reference as R
 from nalu_cuda.testing import rand_input, rand_params, run_reference_and_fused, tolerances
 
-from .conftest import DEVICES, shape_ids, unit_cases
+from .conftest import DEVICES, run_fresh_interpreter, shape_ids, unit_cases
 
 ops = torch.ops.nalu_cuda
 
@@ -121,15 +118,6 @@ def test_weight_construction_accuracy_float32():
         assert (err <= 1e-6 * want.abs() + 1e-7).all()
 
 
-def _run_with_isa(code: str, isa_env):
-    """Runs `code` in a fresh interpreter (the instruction set is chosen once per process)."""
-    env = dict(os.environ)
-    if isa_env:
-        env["NALU_CUDA_CPU_ISA"] = isa_env
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr + out.stdout
-
-
 @pytest.mark.parametrize("isa_env", [None, "base"])
 def test_log_exp_roundtrip_float32_wide_range(isa_env):
     # W = tanh(20) * sigmoid(20) = 1 - 2e-9, so y = exp(log(|x| + eps)) ~ |x| + eps: the float32
@@ -148,7 +136,7 @@ def test_log_exp_roundtrip_float32_wide_range(isa_env):
         "assert torch.isinf(y[~ok]).all() or (~ok).sum() == 0\n"
         "print('ok', rel)\n"
     )
-    _run_with_isa(code, isa_env)
+    run_fresh_interpreter(code, isa_env)
 
 
 @pytest.mark.parametrize("isa_env", [None, "base"])
@@ -176,7 +164,7 @@ def test_log_path_within_one_ulp_float32(isa_env):
         "        assert torch.equal(lx[~fin].isnan(), want[~fin].isnan()) and (lx[~fin] == want[~fin]).sum() == (want[~fin] == want[~fin]).sum()\n"
         "print('ok')\n"
     )
-    _run_with_isa(code, isa_env)
+    run_fresh_interpreter(code, isa_env)
 
 
 def test_baseline_isa_matches_reference():
@@ -197,10 +185,7 @@ def test_baseline_isa_matches_reference():
         "            torch.testing.assert_close(q.grad, p.grad, rtol=grtol, atol=gatol)\n"
         "print('ok')\n"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, NALU_CUDA_CPU_ISA="base", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=root)
-    assert out.returncode == 0, out.stderr + out.stdout
+    run_fresh_interpreter(code, isa="base")
 
 
 def _op_samples(device):

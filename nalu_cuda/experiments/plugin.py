@@ -19,8 +19,9 @@ import torch
 
 from .registry import Config, Context, Experiment, register
 
-__all__ = ["register_task", "add_backend_argument", "run_options", "resolve_backend", "resolve_device",
-           "seed_list", "run_setting", "profile_entry", "task_model_configs"]
+__all__ = ["register_task", "add_backend_argument", "add_subset_argument", "subset_option", "add_task_model_arguments",
+           "task_model_options", "run_options", "resolve_backend", "resolve_device", "seed_list", "run_setting",
+           "profile_entry", "task_model_configs"]
 
 
 def register_task(module_name: str, *, name: str, help: str, order: int,
@@ -43,6 +44,35 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
                             help="implementation of the NAC/NALU layers (default auto: fused where a kernel exists)")
     except argparse.ArgumentError:
         pass
+
+
+def add_subset_argument(parser: argparse.ArgumentParser, option: str, allowed: Sequence[str]) -> None:
+    """``option``: a comma-separated subset of ``allowed`` (default: all of them), read by :func:`subset_option`."""
+    parser.add_argument(option, default=",".join(allowed), help=f"comma-separated subset of {','.join(allowed)}")
+
+
+def subset_option(text: str, allowed: Sequence[str], option: str) -> List[str]:
+    """The items of a comma-separated subset of ``allowed`` given to ``option`` (a ValueError naming the
+    option for an empty list or an item not allowed)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or any(t not in allowed for t in items):
+        raise ValueError(f"{option}: expected a comma-separated subset of {','.join(allowed)}, got {text!r}")
+    return items
+
+
+def add_task_model_arguments(parser: argparse.ArgumentParser, tasks: Sequence[str], models: Sequence[str],
+                             task_help: str) -> None:
+    """``--task`` (one of ``tasks``, or ``both``) and ``--models`` (a subset of ``models``), read by
+    :func:`task_model_options`."""
+    parser.add_argument("--task", choices=tuple(tasks) + ("both",), default="both", help=task_help)
+    add_subset_argument(parser, "--models", models)
+
+
+def task_model_options(args: argparse.Namespace, tasks: Sequence[str],
+                       models: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """``(tasks, models)`` chosen by the options of :func:`add_task_model_arguments`."""
+    chosen = list(tasks) if args.task == "both" else [args.task]
+    return chosen, subset_option(args.models, models, "--models")
 
 
 def run_options(args: argparse.Namespace, params: Dict[str, Any], quick: Dict[str, Any]) -> Tuple[int, int]:

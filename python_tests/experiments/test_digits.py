@@ -11,6 +11,8 @@ from nalu_cuda.experiments import registry
 from nalu_cuda.experiments.tasks import digits
 from nalu_cuda.experiments.parts.mnist_data import find_mnist_files, load_digit_images, read_idx, write_idx
 
+from .conftest import run_results, task_parser
+
 
 def _ctx(tmp_path, **kw):
     return registry.Context(device="cpu", work_dir=str(tmp_path), progress=False, **kw)
@@ -183,12 +185,7 @@ def _roundtrip(tmp_path, obj):
 
 
 def test_cli_arguments_are_checked():
-    import argparse
-
-    p = argparse.ArgumentParser()
-    digits.add_arguments(p)
-    p.add_argument("--seeds", type=int, default=None)
-    p.add_argument("--steps", type=int, default=None)
+    p = task_parser(digits)
     cfgs = digits.configs(p.parse_args(["--task", "counting", "--models", "nac,lstm", "--backend", "reference"]))
     assert [c.name for c in cfgs] == ["counting-nac", "counting-lstm"]
     assert all(c.params["backend"] == "reference" for c in cfgs)
@@ -201,12 +198,9 @@ def test_cli_arguments_are_checked():
 
 
 def test_report_section(tmp_path):
-    results = []
-    for model in ("nac", "lstm"):
-        cfg = registry.Config("digits", f"counting-{model}", 2, 2, {**SMALL, "task": "counting", "model": model})
-        out = digits.run(cfg, _ctx(tmp_path))
-        results.append(registry.ConfigResult(cfg, out.records, digits.EXPERIMENT.summary(cfg, out.records, out.extra),
-                                             out.extra))
+    cfgs = [registry.Config("digits", f"counting-{model}", 2, 2, {**SMALL, "task": "counting", "model": model})
+            for model in ("nac", "lstm")]
+    results = run_results(digits, cfgs, tmp_path)
     text = digits.report_section(results, str(tmp_path))
     assert "Table 2" in text and "| NAC |" in text and "length 20" in text
     assert os.path.exists(tmp_path / "digits_lengths.png")

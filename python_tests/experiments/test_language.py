@@ -1,5 +1,4 @@
 """Language to number: the number-word generator, the paper's split, every head end to end."""
-import argparse
 import os
 
 import numpy as np
@@ -7,6 +6,8 @@ import pytest
 
 from nalu_cuda.experiments import registry
 from nalu_cuda.experiments.tasks import language
+
+from .conftest import run_results, task_parser
 
 SMALL = {"sizes": [[8, 4], [8, 5]], "lrs": [0.01, 0.1], "eval_every": 2, "n_phrases": 3}
 
@@ -125,23 +126,15 @@ def test_resume_skips_finished_sizes(tmp_path):
 
 
 def test_report_section(tmp_path):
-    ctx = registry.Context(device="cpu", work_dir=str(tmp_path), progress=False)
-    results = []
-    for head in ("linear-sum", "nalu"):
-        cfg = registry.Config("language", f"lstm-{head}", 2, 2, {**SMALL, "head": head})
-        out = language.run(cfg, ctx)
-        s = language.EXPERIMENT.summary(cfg, out.records, out.extra)
-        results.append(registry.ConfigResult(cfg, out.records, s, out.extra))
+    cfgs = [registry.Config("language", f"lstm-{head}", 2, 2, {**SMALL, "head": head}) for head in ("linear-sum", "nalu")]
+    results = run_results(language, cfgs, tmp_path)
     text = language.report_section(results, str(tmp_path))
     assert "Table 3" in text and "LSTM + NALU" in text and "Fig. 3" in text
     assert os.path.exists(tmp_path / "language_fig3.png")
 
 
 def test_cli_arguments_are_checked():
-    p = argparse.ArgumentParser()
-    language.add_arguments(p)
-    p.add_argument("--seeds", type=int, default=None)
-    p.add_argument("--steps", type=int, default=None)
+    p = task_parser(language)
     cfgs = language.configs(p.parse_args(["--heads", "nalu", "--hidden", "10", "--lrs", "0.01"]))
     assert len(cfgs) == 1 and cfgs[0].params["sizes"] == [[64, 10]]
     with pytest.raises(ValueError, match="--heads"):

@@ -1,5 +1,4 @@
 """Parity ablation: composed images, labels, every final layer trains; the NAC has no bias."""
-import argparse
 
 import pytest
 import torch
@@ -7,6 +6,8 @@ import torch
 import nalu_cuda
 from nalu_cuda.experiments import registry
 from nalu_cuda.experiments.tasks import parity
+
+from .conftest import run_results, task_parser
 
 SMALL = {"batch": 8, "hidden": 6, "channels": [2, 3], "eval_every": 2, "n_val": 20, "n_test": 30}
 
@@ -59,22 +60,14 @@ def test_parity_is_learnable(tmp_path):
 
 
 def test_report_section(tmp_path):
-    ctx = registry.Context(device="cpu", work_dir=str(tmp_path), progress=False)
-    results = []
-    for final in ("affine", "nac"):
-        cfg = registry.Config("parity", final, 2, 2, {**SMALL, "final": final})
-        out = parity.run(cfg, ctx)
-        results.append(registry.ConfigResult(cfg, out.records, parity.EXPERIMENT.summary(cfg, out.records, out.extra),
-                                             out.extra))
+    cfgs = [registry.Config("parity", final, 2, 2, {**SMALL, "final": final}) for final in ("affine", "nac")]
+    results = run_results(parity, cfgs, tmp_path)
     text = parity.report_section(results, str(tmp_path))
     assert "Table 4" in text and "NAC" in text
 
 
 def test_cli_arguments_are_checked():
-    p = argparse.ArgumentParser()
-    parity.add_arguments(p)
-    p.add_argument("--seeds", type=int, default=None)
-    p.add_argument("--steps", type=int, default=None)
+    p = task_parser(parity)
     assert [c.name for c in parity.configs(p.parse_args([]))] == list(parity.FINALS)
     with pytest.raises(ValueError, match="--finals"):
         parity.configs(p.parse_args(["--finals", "relu"]))

@@ -1,5 +1,4 @@
 """Program evaluation: generated programs are valid Python that print their targets; models train."""
-import argparse
 import os
 import random
 import re
@@ -9,6 +8,8 @@ import torch
 
 from nalu_cuda.experiments import registry
 from nalu_cuda.experiments.tasks import programs
+
+from .conftest import run_results, task_parser
 
 SMALL = {"pool": 64, "n_val": 16, "n_test": 16, "n_curve": 8, "eval_every": 2, "batch": 8, "hidden": 6, "emb": 5}
 
@@ -81,23 +82,16 @@ def test_every_model_trains(tmp_path, task, model):
 
 
 def test_report_section_with_bands(tmp_path):
-    ctx = registry.Context(device="cpu", work_dir=str(tmp_path), progress=False)
-    results = []
-    for model in ("lstm", "nalu"):
-        cfg = registry.Config("programs", f"add-{model}", 3, 4, {**SMALL, "task": "add", "model": model})
-        out = programs.run(cfg, ctx)
-        results.append(registry.ConfigResult(cfg, out.records, programs.EXPERIMENT.summary(cfg, out.records, out.extra),
-                                             out.extra))
+    cfgs = [registry.Config("programs", f"add-{model}", 3, 4, {**SMALL, "task": "add", "model": model})
+            for model in ("lstm", "nalu")]
+    results = run_results(programs, cfgs, tmp_path)
     text = programs.report_section(results, str(tmp_path))
     assert "Fig. 4" in text and "LSTM + NALU" in text
     assert os.path.exists(tmp_path / "programs_fig4.png")
 
 
 def test_cli_arguments_are_checked():
-    p = argparse.ArgumentParser()
-    programs.add_arguments(p)
-    p.add_argument("--seeds", type=int, default=None)
-    p.add_argument("--steps", type=int, default=None)
+    p = task_parser(programs)
     assert [c.name for c in programs.configs(p.parse_args(["--task", "add"]))] == ["add-lstm", "add-ugrnn", "add-nalu"]
     with pytest.raises(ValueError, match="--models"):
         programs.configs(p.parse_args(["--models", "dnc"]))

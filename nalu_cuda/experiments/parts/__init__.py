@@ -10,5 +10,7 @@
 :mod:`.arithmetic_data`     the arithmetic tasks' data: operations, ranges, typed parameters, thresholds
 :mod:`.uniform_stream`      the arithmetic tasks' training stream (per-seed uniform batches, subset sums)
 :mod:`.mnist_data`          the digit images (MNIST, or a synthetic stand-in)
+:mod:`.digit_sequences`     the digits task's model (CNN, code, recurrent layer) and sequence targets
+:mod:`.number_words`        the language task's data: number words, tokens, the paper's split
 ==========================  =======================================================================
 """

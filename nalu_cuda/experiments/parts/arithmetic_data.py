@@ -198,6 +198,21 @@ STEP_DEFAULTS: Dict[str, Any] = {"stream": "sfc64", "graph": True}
 STREAMS = ("sfc64", "counter")
 
 
+def training_stream(stream: str, seeds: Sequence[int], shape: Tuple[int, ...], interp: Range, device,
+                    masks: Tensor, ops: Sequence[str], chunk: int):
+    """The training data of the static and recurrent tasks, ``shape`` per seed and step: for
+    ``stream="counter"`` a :class:`.counter_stream.CounterStream`, drawn on ``device`` from (seed,
+    step) with its targets there too (nothing to prefetch, nothing to copy); else a prefetching
+    :class:`.uniform_stream.UniformStream` (SFC64 on the host, ``chunk`` steps at a time) whose
+    targets come from the subset ``masks`` and ``ops``."""
+    from .counter_stream import CounterStream
+    from .uniform_stream import SumTargets, UniformStream
+
+    if stream == "counter":
+        return CounterStream(seeds, shape, interp, device=device, masks=masks, ops=ops)
+    return UniformStream(seeds, shape, interp, chunk=chunk, prefetch=True, transform=SumTargets(masks.numpy(), ops))
+
+
 def add_step_arguments(parser) -> None:
     """``--stream`` and ``--no-graph`` of the static and recurrent tasks."""
     parser.add_argument("--stream", choices=STREAMS, default="sfc64",
@@ -206,6 +221,26 @@ def add_step_arguments(parser) -> None:
                              "with a step that never waits for the host: use it with --device cuda; other numbers)")
     parser.add_argument("--no-graph", dest="graph", action="store_false",
                         help="with --stream counter on CUDA: run the step eagerly instead of replaying it as a CUDA graph")
+
+
+def add_model_op_arguments(parser, models: Sequence[str]) -> None:
+    """``--model`` (one or more of ``models``) and ``--op`` of the static and recurrent tasks."""
+    parser.add_argument("--model", nargs="+", default=["nac"], metavar="MODEL",
+                        help=f"one or more of: {', '.join(models)} (default: nac)")
+    parser.add_argument("--op", nargs="+", default=["add"], metavar="OP",
+                        help=f"one or more of: {', '.join(OPS)}, or 'all' (default: add)")
+
+
+def chosen_ops(args) -> List[str]:
+    """The operations given to ``--op`` (``all``: every one of :data:`OPS`)."""
+    return list(OPS) if [o.lower() for o in args.op] == ["all"] else args.op
+
+
+def reg_step_options(args) -> Dict[str, Any]:
+    """The regulariser and step options of the command line (:func:`add_reg_arguments`,
+    :func:`add_step_arguments`), as configuration parameters."""
+    return dict(reg_scale=args.reg_scale, reg_start=args.reg_start, reg_end=args.reg_end, stream=args.stream,
+                graph=args.graph)
 
 
 def step_params(params: Dict, task: str) -> None:

@@ -14,7 +14,7 @@ from . import arithmetic_data as ar
 from .arithmetic_models import sparsity_error
 from .training import EvalSet, TrainResult, evaluate_mse
 
-__all__ = ["ensemble_members", "final_errors", "member_records", "per_op_summaries"]
+__all__ = ["ensemble_members", "run_members", "final_errors", "member_records", "per_op_summaries"]
 
 
 def ensemble_members(ops: Sequence[str], seed_offset: int, seeds: int) -> Tuple[List[int], List[int]]:
@@ -22,6 +22,17 @@ def ensemble_members(ops: Sequence[str], seed_offset: int, seeds: int) -> Tuple[
     ``k`` trains operation ``ops[k // seeds]`` with seed ``seeds[k % seeds]``."""
     own = [seed_offset + s for s in range(seeds)]
     return own, [s for _ in ops for s in own]
+
+
+def run_members(p, cfg: Config) -> Tuple[List[str], int, List[int], List[int], int]:
+    """What a static or recurrent run starts from, once torch's global generator is seeded with 0:
+    ``(ops, S, seeds, member_seeds, E)``, the operations and the number of seeds of the typed
+    parameters ``p`` and ``cfg``, the seeds and every member's seed (:func:`ensemble_members`), and
+    the number of members."""
+    torch.manual_seed(0)
+    ops, S = p.ops, cfg.seeds
+    seeds, member_seeds = ensemble_members(ops, p.seed_offset, S)
+    return ops, S, seeds, member_seeds, len(member_seeds)
 
 
 def final_errors(model: nn.Module, res: TrainResult, test_i: EvalSet, test_x: EvalSet,

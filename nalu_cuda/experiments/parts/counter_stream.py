@@ -96,6 +96,9 @@ class CounterStream:
         x = torch.minimum(x, torch.nextafter(hi, lo) if isinstance(hi, Tensor) else hi)  # stay inside [lo, hi)
         return x.reshape(S, *self.shape)
 
+    def close(self) -> None:
+        """Nothing to release (no prefetching thread, unlike :class:`~.uniform_stream.UniformStream`)."""
+
     def draw(self, step) -> Tuple[Tensor, Optional[Tensor]]:
         x = self.inputs(step)
         if self.masks is None:

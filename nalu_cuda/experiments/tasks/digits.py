@@ -36,27 +36,26 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 import nalu_cuda
 
 from ...cli import mnist_directory, non_negative_int, positive_int
 from .. import registry
 from ..params import task_params
-from ..parts.layers import EnsembleCNN, EnsembleLinear, ensemble_gather
+from ..parts.digit_sequences import MODELS, TASKS, DigitSequenceModel, fixed_sequences, pretrain_cnn, sequence_targets
+from ..parts.layers import ensemble_gather
 from ..parts.mnist_data import DigitImages, load_digit_images
 from ..parts.optim import FlatAdam
 from ..parts.seeding import member_generators
-from ..parts.sequence_models import ARITHMETIC_KINDS, make_recurrent
+from ..parts.sequence_models import ARITHMETIC_KINDS
 from ..parts.training import generator_state, train_ensemble
-from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting, task_model_configs
+from ..plugin import (add_backend_argument, add_task_model_arguments, profile_entry, register_task, run_options,
+                      run_setting, task_model_configs, task_model_options)
 from ..report import figure_lines, fmt_ci, fmt_num
 from ..stats import interval_summary
 
 NAME = "digits"
-TASKS = ("counting", "addition")
-MODELS = ("nac", "nau", "nalu", "lstm", "gru")
 DEFAULT_LENGTHS = (1, 10, 100, 1000)
 # test sequences per length (fewer for the long ones: each one holds many digits)
 DEFAULT_TEST_SEQS = {1: 1000, 10: 400, 100: 100, 1000: 40}
@@ -89,88 +88,6 @@ class DigitsParams:
     max_train: Optional[int] = None
     # test sequences per length (JSON keys are strings); None: DEFAULT_TEST_SEQS
     test_seqs: Optional[Dict[Any, int]] = None
-
-
-def output_dim(task: str) -> int:
-    return 10 if task == "counting" else 1
-
-
-def sequence_targets(task: str, labels: Tensor) -> Tensor:
-    """Targets of digit sequences ``labels (..., T)``: counts ``(..., 10)`` or sums ``(..., 1)``."""
-    if task == "counting":
-        return F.one_hot(labels, 10).sum(-2).to(torch.float32)
-    if task == "addition":
-        return labels.sum(-1, keepdim=True).to(torch.float32)
-    raise ValueError(f"digits: task must be one of {TASKS}, got {task!r}")
-
-
-def fixed_sequences(n_images: int, n: int, length: int, seed: int) -> Tensor:
-    """``n`` sequences of ``length`` image indices, the same for every model and member."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(n_images, (n, length), generator=g)
-
-
-class DigitSequenceModel(nn.Module):
-    """CNN per image -> recurrent layer -> output, ``E`` members."""
-
-    def __init__(self, ensemble: int, image_shape, task: str, model: str, *, hidden: int = 32, code: int = 10,
-                 channels=(8, 16), cnn_hidden: int = 64, backend: str = "auto", out_scale: float = 1.0) -> None:
-        super().__init__()
-        self.out_scale = float(out_scale)
-        if model not in MODELS:
-            raise ValueError(f"digits: model must be one of {MODELS}, got {model!r}")
-        out = output_dim(task)
-        self.kind = model
-        self.cnn = EnsembleCNN(tuple(image_shape), 10, ensemble=ensemble, channels=tuple(channels), hidden=cnn_hidden)
-        self.code = EnsembleLinear(10, code, ensemble=ensemble)
-        if model in ARITHMETIC_KINDS:
-            self.rec = make_recurrent(model, ensemble, code, out, backend=backend)
-            self.readout = None
-        else:
-            self.rec = make_recurrent(model, ensemble, code, hidden)
-            self.readout = EnsembleLinear(hidden, out, ensemble=ensemble)
-
-    def reset_parameters(self, seeds: Sequence[int]) -> None:
-        self.cnn.reset_parameters(member_generators(seeds, "digits/cnn"))
-        with torch.no_grad():  # identity on the class probabilities (code >= 10: extra units start at 0)
-            self.code.weight.zero_()
-            self.code.bias.zero_()
-            self.code.weight[:, :, :10].copy_(torch.eye(10, self.code.weight.shape[-1])[:, :10])
-        self.rec.reset_parameters(member_generators(seeds, "digits/recurrent"))
-        if self.readout is not None:
-            self.readout.reset_parameters(member_generators(seeds, "digits/readout"))
-
-    def arith_parameters(self) -> List[nn.Parameter]:
-        return list(self.rec.parameters()) if self.kind in ARITHMETIC_KINDS else []
-
-    def encode(self, images: Tensor) -> Tensor:
-        """``(E, N, H, W)`` -> codes ``(E, N, code)``."""
-        return self.code(torch.softmax(self.cnn(images), dim=-1))
-
-    def aggregate(self, codes: Tensor) -> Tensor:
-        """Codes of sequences ``(E, B, T, code)`` -> outputs ``(E, B, out)`` after the last step."""
-        h = self.rec(codes)[:, :, -1]
-        return (h if self.readout is None else self.readout(h)) * self.out_scale
-
-
-def pretrain_cnn(cnn: EnsembleCNN, images: Tensor, labels: Tensor, seeds: Sequence[int], steps: int, lr: float,
-                 batch: int = 64) -> float:
-    """Train the CNN (class scores) as a digit classifier on single images, cross-entropy; the code
-    and recurrent layers are untouched. Returns the last batch's accuracy averaged over members."""
-    E = len(seeds)
-    opt = FlatAdam(cnn.parameters(), lr, ensemble=E)
-    gens = member_generators(seeds, "digits/pretrain-data")
-    acc = float("nan")
-    for _ in range(steps):
-        idx = torch.stack([torch.randint(len(labels), (batch,), generator=g) for g in gens]).to(images.device)
-        logits = cnn(ensemble_gather(images.unsqueeze(0).expand(E, *images.shape), idx))
-        y = labels[idx]
-        loss = F.cross_entropy(logits.reshape(-1, 10), y.reshape(-1), reduction="none").reshape(E, -1).mean(1)
-        opt.zero_grad()
-        loss.sum().backward()
-        opt.step()
-        acc = float((logits.argmax(-1) == y).float().mean())
-    return acc
 
 
 def _optimizer(model: DigitSequenceModel, ensemble: int, lr: float, arith_lr: float, cnn_lr: float, code_lr: float,
@@ -327,8 +244,7 @@ def profile_configs(profile: str) -> List[registry.Config]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", choices=TASKS + ("both",), default="both", help="counting, addition or both")
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    add_task_model_arguments(parser, TASKS, MODELS, "counting, addition or both")
     parser.add_argument("--mnist-dir", type=mnist_directory, default=None,
                         help="directory with the four MNIST IDX files (default: scikit-learn's bundled 8x8 digits)")
     parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="test sequence lengths")
@@ -338,17 +254,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_backend_argument(parser)
 
 
-def _parse_list(text: str, allowed: Sequence[str], what: str) -> List[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in items if t not in allowed]
-    if bad or not items:
-        raise ValueError(f"{what}: expected a comma-separated subset of {','.join(allowed)}, got {text!r}")
-    return items
-
-
 def configs(args: argparse.Namespace) -> List[registry.Config]:
-    tasks = list(TASKS) if args.task == "both" else [args.task]
-    models = _parse_list(args.models, MODELS, "--models")
+    tasks, models = task_model_options(args, TASKS, MODELS)
     try:
         lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
     except ValueError:

@@ -49,7 +49,7 @@ from ..parts.gridworld_agent import AGENTS, GridAgent, episode_seed, a2c_loss, e
 from ..parts.gridworld_env import FRAME, GridWorldVectorEnv, render_frames, to_image
 from ..parts.seeding import member_generators
 from ..parts.training import generator_state, train_ensemble
-from ..plugin import add_backend_argument, run_options, run_setting
+from ..plugin import add_backend_argument, add_subset_argument, run_options, run_setting, subset_option
 from ..report import md_table, plt, save_figure
 from ..stats import interval_summary
 
@@ -167,7 +167,7 @@ def profile_configs(profile: str) -> List[registry.Config]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--agents", default=",".join(AGENTS), help=f"comma-separated subset of {','.join(AGENTS)}")
+    add_subset_argument(parser, "--agents", AGENTS)
     parser.add_argument("--profile", choices=tuple(PROFILES), default="quick",
                         help="model size and evaluation budget (quick: pooled 14x14 frames, small nets; "
                              "paper: full 56x56 frames, 256-unit LSTM); --seeds/--steps override its budget")
@@ -179,9 +179,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def configs(args: argparse.Namespace) -> List[registry.Config]:
-    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
-    if not agents or any(a not in AGENTS for a in agents):
-        raise ValueError(f"--agents: expected a comma-separated subset of {','.join(AGENTS)}, got {args.agents!r}")
+    agents = subset_option(args.agents, AGENTS, "--agents")
     pr = PROFILES[args.profile]
     params: Dict[str, Any] = dict(pr["params"])
     for opt, key, low in (("envs", "envs", 1), ("episodes", "episodes", 1), ("eval_t_max", "eval_t_max", 13)):

@@ -26,7 +26,6 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -36,64 +35,19 @@ from ...cli import comma_list, non_negative_int, positive_float, positive_int
 from .. import registry
 from ..params import task_params
 from ..parts.layers import EnsembleEmbedding, EnsembleLinear
+from ..parts.number_words import SPLIT_SIZES, VOCAB, make_split, number_to_words, tokens_tensor
+from ..parts.number_words import MAX_TOKENS, ONES, TENS  # noqa: F401  (the task's names for its data)
 from ..parts.optim import FlatAdam
 from ..parts.seeding import member_generators
 from ..parts.sequence_models import EnsembleLSTM
 from ..parts.training import train_ensemble
-from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting
+from ..plugin import (add_backend_argument, add_subset_argument, profile_entry, register_task, run_options,
+                      run_setting, subset_option)
 from ..report import figure_lines, fmt_ci, fmt_num
 from ..stats import interval_summary
 
 NAME = "language"
 HEADS = ("linear", "linear-sum", "nac", "nalu")
-
-ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-        "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
-TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-VOCAB = ["<pad>"] + ONES + TENS[2:] + ["hundred", "and"]
-TOKEN_ID = {w: i for i, w in enumerate(VOCAB)}
-MAX_TOKENS = 5
-SPLIT_SIZES = {"train": 169, "val": 200, "test": 631}
-
-
-def number_to_words(n: int) -> str:
-    """English words of ``0 <= n <= 999`` as in the paper: 515 -> "five hundred and fifteen"."""
-    if not isinstance(n, (int, np.integer)) or not 0 <= n <= 999:
-        raise ValueError(f"number_to_words: expected an integer in 0..999, got {n!r}")
-    n = int(n)
-    if n < 20:
-        return ONES[n]
-    if n < 100:
-        t, u = divmod(n, 10)
-        return TENS[t] if u == 0 else f"{TENS[t]} {ONES[u]}"
-    h, rest = divmod(n, 100)
-    head = f"{ONES[h]} hundred"
-    return head if rest == 0 else f"{head} and {number_to_words(rest)}"
-
-
-def encode(words: str) -> List[int]:
-    return [TOKEN_ID[w] for w in words.split()]
-
-
-def make_split(seed: int = 0) -> Dict[str, np.ndarray]:
-    """The paper's split of 0..999: train 169 (0..19 plus 149 of 20..999), validation 200, test 631."""
-    rng = np.random.default_rng(seed)
-    rest = rng.permutation(np.arange(20, 1000))
-    n_extra = SPLIT_SIZES["train"] - 20
-    train = np.concatenate([np.arange(20), rest[:n_extra]])
-    val = rest[n_extra:n_extra + SPLIT_SIZES["val"]]
-    test = rest[n_extra + SPLIT_SIZES["val"]:]
-    assert len(test) == SPLIT_SIZES["test"]
-    return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
-
-
-def tokens_tensor(numbers: Sequence[int]) -> Tuple[Tensor, Tensor]:
-    """Token ids ``(N, MAX_TOKENS)`` (right-padded with 0) and the valid-token mask."""
-    ids = torch.zeros(len(numbers), MAX_TOKENS, dtype=torch.long)
-    for i, n in enumerate(numbers):
-        t = encode(number_to_words(int(n)))
-        ids[i, :len(t)] = torch.tensor(t)
-    return ids, ids != 0
 
 
 class NumberReader(nn.Module):
@@ -315,7 +269,7 @@ def profile_configs(profile: str) -> List[registry.Config]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--heads", default=",".join(HEADS), help=f"comma-separated subset of {','.join(HEADS)}")
+    add_subset_argument(parser, "--heads", HEADS)
     parser.add_argument("--hidden", type=comma_list(positive_int), default="10,20",
                         help="LSTM sizes tried in model selection (comma-separated)")
     parser.add_argument("--emb", type=positive_int, default=64, help="embedding size")
@@ -327,10 +281,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def configs(args: argparse.Namespace) -> List[registry.Config]:
-    heads = [h.strip() for h in args.heads.split(",") if h.strip()]
-    bad = [h for h in heads if h not in HEADS]
-    if bad or not heads:
-        raise ValueError(f"--heads: expected a comma-separated subset of {','.join(HEADS)}, got {args.heads!r}")
+    heads = subset_option(args.heads, HEADS, "--heads")
     params: Dict[str, Any] = {"sizes": [[args.emb, h] for h in args.hidden], "lrs": args.lrs,
                               "split_seed": args.split_seed}
     seeds, steps = run_options(args, params, PROFILES["quick"])

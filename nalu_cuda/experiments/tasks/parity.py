@@ -37,7 +37,8 @@ from ..parts.layers import EnsembleCNN, EnsembleLinear
 from ..parts.mnist_data import load_digit_images
 from ..parts.seeding import member_generators
 from ..parts.training import generator_state, train_ensemble
-from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting
+from ..plugin import (add_backend_argument, add_subset_argument, profile_entry, register_task, run_options,
+                      run_setting, subset_option)
 from ..report import fmt_ci
 from ..stats import interval_summary
 
@@ -182,7 +183,7 @@ def profile_configs(profile: str) -> List[registry.Config]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--finals", default=",".join(FINALS), help=f"comma-separated subset of {','.join(FINALS)}")
+    add_subset_argument(parser, "--finals", FINALS)
     parser.add_argument("--digits", type=positive_int, default=2, help="digits per image (the parity of their sum)")
     parser.add_argument("--mnist-dir", type=mnist_directory, default=None,
                         help="directory with the four MNIST IDX files (default: scikit-learn's bundled 8x8 digits)")
@@ -191,9 +192,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def configs(args: argparse.Namespace) -> List[registry.Config]:
-    finals = [f.strip() for f in args.finals.split(",") if f.strip()]
-    if not finals or any(f not in FINALS for f in finals):
-        raise ValueError(f"--finals: expected a comma-separated subset of {','.join(FINALS)}, got {args.finals!r}")
+    finals = subset_option(args.finals, FINALS, "--finals")
     if args.digits < 1:
         raise ValueError(f"--digits must be positive, got {args.digits}")
     if args.mnist_dir is not None and not os.path.isdir(args.mnist_dir):

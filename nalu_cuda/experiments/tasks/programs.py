@@ -44,7 +44,8 @@ from ..parts.layers import EnsembleEmbedding, EnsembleLinear, ensemble_gather
 from ..parts.seeding import member_generators
 from ..parts.sequence_models import make_recurrent
 from ..parts.training import generator_state, train_ensemble
-from ..plugin import add_backend_argument, profile_entry, register_task, run_options, run_setting, task_model_configs
+from ..plugin import (add_backend_argument, add_task_model_arguments, profile_entry, register_task, run_options,
+                      run_setting, task_model_configs, task_model_options)
 from ..report import figure_lines, fmt_ci, fmt_num
 from ..stats import interval_summary
 
@@ -247,17 +248,13 @@ def profile_configs(profile: str) -> List[registry.Config]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", choices=TASKS + ("both",), default="both", help="add, program or both")
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    add_task_model_arguments(parser, TASKS, MODELS, "add, program or both")
     parser.add_argument("--hidden", type=positive_int, default=ProgramsParams.hidden, help="recurrent units")
     add_backend_argument(parser)
 
 
 def configs(args: argparse.Namespace) -> List[registry.Config]:
-    tasks = list(TASKS) if args.task == "both" else [args.task]
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    if not models or any(m not in MODELS for m in models):
-        raise ValueError(f"--models: expected a comma-separated subset of {','.join(MODELS)}, got {args.models!r}")
+    tasks, models = task_model_options(args, TASKS, MODELS)
     if args.hidden < 1:
         raise ValueError(f"--hidden must be positive, got {args.hidden}")
     params: Dict[str, Any] = {"hidden": args.hidden}

@@ -25,12 +25,10 @@ import torch
 
 from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
-from ..parts.arithmetic_results import ensemble_members, final_errors, member_records, per_op_summaries
+from ..parts.arithmetic_results import final_errors, member_records, per_op_summaries, run_members
 from ..parts.arithmetic_models import (resident_graph, RECURRENT_MODELS, build_recurrent_model, check_model, member_generators,
                                        regularizer_schedule, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
-from ..parts.counter_stream import CounterStream
-from ..parts.uniform_stream import SumTargets, UniformStream
 from ..plugin import register_task
 from ..registry import Config, ConfigResult, Context, RunOutput
 
@@ -113,10 +111,7 @@ def _shared_targets(x: torch.Tensor, masks: torch.Tensor, ops: Sequence[str]) ->
 
 def run(cfg: Config, ctx: Context) -> RunOutput:
     p = RecurrentParams.from_params(cfg.params)
-    torch.manual_seed(0)
-    ops, S = p.ops, cfg.seeds
-    seeds, member_seeds = ensemble_members(ops, p.seed_offset, S)
-    E = len(member_seeds)
+    ops, S, seeds, member_seeds, E = run_members(p, cfg)
     I, T, L = p.input_size, p.train_length, p.extrap_length
     interp, extrap = p.interp, p.extrap
     dev = torch.device(ctx.device)
@@ -126,11 +121,7 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
     model.reset_parameters(member_generators(member_seeds))
     model.to(dev)
     resident = p.stream == "counter"
-    if resident:  # drawn on the device from (seed, step), targets there too
-        stream = CounterStream(seeds, (p.batch, T, I), interp, device=dev, masks=masks, ops=ops)
-    else:
-        stream = UniformStream(seeds, (p.batch, T, I), interp, chunk=8, prefetch=True,
-                               transform=SumTargets(masks.numpy(), ops))
+    stream = ar.training_stream(p.stream, seeds, (p.batch, T, I), interp, dev, masks, ops, chunk=8)
 
     def batch_fn(step):
         x, t = stream.draw(step) if resident else stream.next()
@@ -155,8 +146,7 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
                              clip=p.clip, stream_state=None if resident else (stream.state_dict, stream.load_state_dict),
                              resident=resident, graph=resident_graph(p, dev, hooks), **hooks)
     finally:
-        if not resident:
-            stream.close()
+        stream.close()
     errors = final_errors(model, res, test_i, test_x, E)
     base = _baseline(p, ops, test_i, test_x, dev)
     curve = _length_curve(model, p, ops, masks, interp, S, dev, res.diverged)
@@ -216,10 +206,7 @@ def _length_curve(model, p: RecurrentParams, ops, masks, interp, S, dev, diverge
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", nargs="+", default=["nac"], metavar="MODEL",
-                        help=f"one or more of: {', '.join(RECURRENT_MODELS)} (default: nac)")
-    parser.add_argument("--op", nargs="+", default=["add"], metavar="OP",
-                        help=f"one or more of: {', '.join(ar.OPS)}, or 'all' (default: add)")
+    ar.add_model_op_arguments(parser, RECURRENT_MODELS)
     parser.add_argument("--interp", nargs="+", type=finite_float, default=[1.0, 2.0], metavar="X",
                         help="input range for training and both tests: LO HI [LO HI ...] (default: 1 2)")
     parser.add_argument("--extrap", nargs="+", type=finite_float, default=None, metavar="X",
@@ -236,16 +223,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def configs(args: argparse.Namespace) -> List[Config]:
-    ops = list(ar.OPS) if [o.lower() for o in args.op] == ["all"] else args.op
+    ops = ar.chosen_ops(args)
     seeds = 8 if args.seeds is None else args.seeds
     steps = 20_000 if args.steps is None else args.steps
     interp = ar.parse_range(args.interp, "--interp").to_list()
     extrap = interp if args.extrap is None else ar.parse_range(args.extrap, "--extrap").to_list()
     return [recurrent_config(m, ops, seeds, steps, interp=interp, extrap=extrap, train_length=args.train_length,
                              extrap_length=args.extrap_length, lr=args.lr, eval_every=min(args.eval_every, steps),
-                             clip=args.clip, backend=args.backend,
-                             reg_scale=args.reg_scale, reg_start=args.reg_start, reg_end=args.reg_end,
-                             stream=args.stream, graph=args.graph) for m in args.model]
+                             clip=args.clip, backend=args.backend, **ar.reg_step_options(args)) for m in args.model]
 
 
 def profile_configs(profile: str) -> List[Config]:

@@ -26,12 +26,10 @@ import torch
 
 from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
-from ..parts.arithmetic_results import ensemble_members, final_errors, member_records
+from ..parts.arithmetic_results import final_errors, member_records, run_members
 from ..parts.arithmetic_models import (resident_graph, ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model,
                                        member_generators, regularizer_schedule, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
-from ..parts.counter_stream import CounterStream
-from ..parts.uniform_stream import SumTargets, UniformStream
 from ..plugin import register_task
 from ..registry import Config, Context, RunOutput
 
@@ -137,10 +135,7 @@ def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, nam
 
 def run(cfg: Config, ctx: Context) -> RunOutput:
     p = StaticParams.from_params(cfg.params)
-    torch.manual_seed(0)
-    ops, S = p.ops, cfg.seeds
-    seeds, member_seeds = ensemble_members(ops, p.seed_offset, S)
-    E = len(member_seeds)
+    ops, S, seeds, member_seeds, E = run_members(p, cfg)
     I = p.input_size
     interp, extrap = p.interp, p.extrap
     dev = torch.device(ctx.device)
@@ -152,11 +147,7 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
     model.to(dev)
 
     resident = p.stream == "counter"
-    if resident:  # drawn on the device from (seed, step): nothing to prefetch, nothing to copy
-        stream = CounterStream(seeds, (p.batch, I), interp, device=dev, masks=masks, ops=ops)
-    else:
-        stream = UniformStream(seeds, (p.batch, I), interp, chunk=16, prefetch=True,
-                               transform=SumTargets(masks.numpy(), ops))
+    stream = ar.training_stream(p.stream, seeds, (p.batch, I), interp, dev, masks, ops, chunk=16)
 
     def batch_fn(step):
         x, t = stream.draw(step) if resident else stream.next()   # (S, B, I), (E, B, 1)
@@ -186,8 +177,7 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
                              graph=resident_graph(p, dev, hooks, p.lr_milestones),
                              **hooks)
     finally:
-        if not resident:
-            stream.close()
+        stream.close()
 
     errors = final_errors(model, res, test_i, test_x, E)
     base = _random_baseline(p, ops, test_i, test_x, dev)
@@ -281,10 +271,7 @@ def _random_baseline(p: StaticParams, ops: Sequence[str], test_i: EvalSet, test_
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", nargs="+", default=["nac"], metavar="MODEL",
-                        help=f"one or more of: {', '.join(STATIC_MODELS)} (default: nac)")
-    parser.add_argument("--op", nargs="+", default=["add"], metavar="OP",
-                        help=f"one or more of: {', '.join(ar.OPS)}, or 'all' (default: add)")
+    ar.add_model_op_arguments(parser, STATIC_MODELS)
     parser.add_argument("--interp", nargs="+", type=finite_float, default=[1.0, 2.0], metavar="X",
                         help="training/validation/interpolation range: LO HI [LO HI ...] (default: 1 2)")
     parser.add_argument("--extrap", nargs="+", type=finite_float, default=[2.0, 6.0], metavar="X",
@@ -305,7 +292,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def configs(args: argparse.Namespace) -> List[Config]:
-    ops = list(ar.OPS) if [o.lower() for o in args.op] == ["all"] else args.op
+    ops = ar.chosen_ops(args)
     seeds = 16 if args.seeds is None else args.seeds
     steps = 50_000 if args.steps is None else args.steps
     pairs = RANGE_STRESS if args.range_stress else [(args.interp, args.extrap)]
@@ -316,8 +303,7 @@ def configs(args: argparse.Namespace) -> List[Config]:
                                      lr=args.lr, batch=args.batch, eval_every=min(args.eval_every, steps),
                                      hidden=args.hidden,
                                      n_valid=args.n_test, n_test=args.n_test, backend=args.backend,
-                                     reg_scale=args.reg_scale, reg_start=args.reg_start, reg_end=args.reg_end,
-                                     stream=args.stream, graph=args.graph))
+                                     **ar.reg_step_options(args)))
     return out
 
 
