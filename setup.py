@@ -64,8 +64,6 @@ def _extension():
         "csrc/autograd_power.cpp",
         "csrc/power_layer.cpp",
         "csrc/autograd_units.cpp",
-        "csrc/autocast_units.cpp",
-        "csrc/autocast_power.cpp",
         "csrc/units.cpp",
         "csrc/module.cpp",
     ] + sorted(glob.glob("csrc/cpu/*.cpp")) + sorted(glob.glob("csrc/training/*.cpp"))

@@ -19,7 +19,7 @@ Run by benchmarks/gpu_check.sh after the build and the tests. Stages (--stages, 
                 data drawn on the device, Adam): steps per second, eager
   compile       torch.compile(reference, fullgraph=True) beside the fused op at the paper and
                 ensemble shapes (cold compile time recorded); separate, as compiles are slow
-  sanitize_case one small-path forward and backward, nothing timed (compute-sanitizer's target)
+  sanitize_case one rowwise-path forward and backward, nothing timed (compute-sanitizer's target)
 Every figure is stored beside the TF32 setting in force (off for every stage: the reference's
 default) and the machine (benchmarks/harness.py: GPU, driver, nvcc, clocks, CPU, commit from
 NALU_CUDA_COMMIT). After each stage bench_gpu.json/.csv/.md are rewritten (a timeout keeps what was
@@ -402,7 +402,7 @@ class Run:
         y = unit_fn("nalu", F)(*t.values())
         torch.autograd.grad(y, list(t.values()), torch.randn_like(y))
         self.sync()
-        print("[bench] sanitize_case: one small-path nalu forward and backward ran", flush=True)
+        print("[bench] sanitize_case: one rowwise-path nalu forward and backward ran", flush=True)
 
 
 def main(argv=None) -> int:

@@ -13,7 +13,7 @@
 #   kernels      .ci/check_cuda_build.py: every op has a CUDA kernel                   (limit 20 s)
 #   tests        python_tests/test_cuda.py without the torch.compile cases, incl. CUDA-graph capture
 #                and replay and the > 2^31-element cases; --maxfail=50 -rfE            (limit 110 s)
-#   sanitizer    compute-sanitizer memcheck and racecheck on one small-path forward and backward,
+#   sanitizer    compute-sanitizer memcheck and racecheck on one rowwise-path forward and backward,
 #                when the tool is there                                          (limit 2 x 40 s)
 #   bench        benchmarks/bench_gpu.py: copy bandwidth, ops (per call and graph replay), the
 #                memory-bound shape, the large shape vs cuBLAS, 100-seed training       (limit 110 s)

@@ -16,29 +16,21 @@
 #include <string>
 #include <vector>
 
+#include "layer_types.h"
+
 namespace nalu_cuda {
 
-enum class Gate { kNone, kInput, kIndependent };
-
-struct LayerKind {
-  bool add;   // additive path a = x W
-  bool mul;   // multiplicative path m = exp(log(|x| + eps) W_m)
-  bool tied;  // W_m is W (only meaningful with add && mul)
-  Gate gate;  // how a and m are blended (kNone: one path only)
-};
-
-// The three units. NALU's weights are tied unless W_hat_m or M_hat_m is given (then both must be).
-constexpr LayerKind kNacAdd{true, false, true, Gate::kNone};
-constexpr LayerKind kNacMul{false, true, true, Gate::kNone};
+// The three units: NAC+ and NAC* (kNacAdd, kNacMul: layer_types.h) and NALU, whose weights are
+// tied unless W_hat_m or M_hat_m is given (then both must be).
 inline LayerKind nalu_kind(const c10::optional<at::Tensor>& W_hat_m, const c10::optional<at::Tensor>& M_hat_m,
                            bool input_gate) {
   return LayerKind{true, true, !W_hat_m.has_value() && !M_hat_m.has_value(),
                    input_gate ? Gate::kInput : Gate::kIndependent};
 }
 
-struct LayerShape {
+// A checked call's sizes (Dims: E, N, I, O) and how the caller sees them.
+struct LayerShape : Dims {
   bool ensemble = false;
-  int64_t E = 1, N = 0, I = 0, O = 0;
   std::vector<int64_t> out_sizes;  // x.sizes()[:-1] + [O]
 };
 
@@ -47,6 +39,19 @@ struct LayerParams {
   at::Tensor W_hat, M_hat;      // (I, O) or (E, I, O)
   at::Tensor W_hat_m, M_hat_m;  // separate multiplicative weights, undefined when tied or unused
   at::Tensor G;                 // (I, O) / (E, I, O) input gate, (O,) / (E, O) independent gate
+};
+
+// A forward op's results, on either device (csrc/nalu_ops.cpp): y, and what its backward needs
+// besides the inputs: a, m, g for NALU (g of y's shape for an input gate, of G's for an
+// independent gate), m = y for NAC*, lx = log(|x| + eps) (x's shape) for NAC* and NALU.
+struct Forward {
+  at::Tensor y, a, m, g, lx;
+};
+
+// A backward op's results; a gradient that was not asked for is undefined until the op entry
+// (csrc/layer_ops.h) makes it the (0,)-shaped tensor of the schema.
+struct Backward {
+  at::Tensor grad_x, grad_W_hat, grad_M_hat, grad_W_hat_m, grad_M_hat_m, grad_G;
 };
 
 // The pieces every unit's checks are made of (nalu_layer.cpp, power_layer.cpp, units.cpp), so that

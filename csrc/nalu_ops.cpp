@@ -5,11 +5,13 @@
 //             (NPU / RealNPU, iNALU), units_cpu.cpp (NAU, NMU)
 //   CUDA      csrc/cuda/nalu_cuda.cpp, power_cuda.cpp, units_cuda.cpp (kernels in the *.cu beside
 //             them); built only with CUDA
+//   (the NAC/NALU ops of both devices go through one set of entry points, csrc/layer_ops.h: one
+//   C++ signature per op, the shared checks, the registration; the device supplies the kernels)
 //   Autograd  csrc/autograd.cpp, the one TORCH_LIBRARY_IMPL, which also registers the functions of
 //             autograd_power.cpp and autograd_units.cpp (in C++: at the paper's sizes a Python
 //             autograd wrapper costs more than the fused forward)
-//   Autocast  csrc/autocast.cpp, the one TORCH_LIBRARY_IMPL per key (AutocastCPU, AutocastCUDA),
-//             which also registers the wrappers of autocast_power.cpp and autocast_units.cpp
+//   Autocast  csrc/autocast.cpp, the one TORCH_LIBRARY_IMPL per key (AutocastCPU, AutocastCUDA):
+//             one boxed float32 kernel for every layer op
 // (csrc/registration.h declares what those files export.) The fakes that torch.compile traces are
 // registered from Python (nalu_cuda/_ops.py). The training helpers of csrc/training/ (flat_adam,
 // uniform_fill) are no dispatcher ops: csrc/module.cpp binds them with pybind11, CPU only.

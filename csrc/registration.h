@@ -1,7 +1,7 @@
-// registration.h: the registrations of the power units' and the NAU/NMU ops under the Autograd and
-// autocast keys, each defined in its own file and called from the one TORCH_LIBRARY_IMPL per key
-// (autograd.cpp for Autograd; autocast.cpp for AutocastCPU and AutocastCUDA, where every op runs in
-// float32), and the dispatcher look-up those files share.
+// registration.h: the registrations of the power units' and the NAU/NMU ops under the Autograd
+// key, each defined in its own file and called from the one TORCH_LIBRARY_IMPL of that key
+// (autograd.cpp), and the dispatcher look-up those files share. (The autocast keys need no such
+// list: autocast.cpp registers one boxed kernel for every layer op.)
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -23,13 +23,5 @@ void register_power_autograd(torch::Library& m);
 
 // Autograd: nau_forward, nmu_forward (autograd_units.cpp)
 void register_units_autograd(torch::Library& m);
-
-// Autocast: npu_*, inalu_* (autocast_power.cpp), instantiated for the two autocast keys
-template <c10::DispatchKey K, c10::DeviceType D>
-void register_power_autocast(torch::Library& m);
-
-// Autocast: nau_*, nmu_* (autocast_units.cpp), instantiated for the two autocast keys
-template <c10::DispatchKey K, c10::DeviceType D>
-void register_units_autocast(torch::Library& m);
 
 }  // namespace nalu_cuda

@@ -1,7 +1,7 @@
 """The CUDA kernels (csrc/cuda/) against the reference (nalu_cuda.reference) and the CPU kernels.
 
-Every op, both CUDA paths (the one-pass "small" kernels for layers with out <= 16 whose weights fit
-in shared memory, and the cuBLAS path for wider layers), every dtype:
+Every op, both CUDA paths (the one-pass "rowwise" kernels for layers with out <= 16 whose weights fit
+in shared memory, and the blas path for wider layers), every dtype:
 
 * float32 / float64: fused values and gradients against the float64 reference and against the CPU
   kernels, with the tolerances of ``nalu_cuda.testing``.
@@ -12,7 +12,7 @@ in shared memory, and the cuBLAS path for wider layers), every dtype:
 Also: float64 ``gradcheck``, ``torch.library.opcheck``, ``torch.compile(fullgraph=True)`` forward
 and backward, CUDA graph capture and replay (and ``mode="reduce-overhead"``), autocast, ensembles
 against their members, non-contiguous, empty and > 2^31-element inputs, determinism of the
-small-path weight gradients, and the errors for tensors on the wrong device.
+rowwise-path weight gradients, and the errors for tensors on the wrong device.
 
 Inputs are drawn fresh per test, bounded away from 0 (``testing.rand_input``) with weights scaled so
 exp() stays finite (``testing.rand_params``).
@@ -61,15 +61,15 @@ KINDS = {
 
 # (E or None, batch dims, I, O, what it covers)
 SHAPES = [
-    (None, (128,), 100, 2, "paper layer; small path, 2-launch backward"),
-    (None, (16,), 2, 1, "tiny; small path, 2 lanes per row, 1-launch backward"),
+    (None, (128,), 100, 2, "paper layer; rowwise path, 2-launch backward"),
+    (None, (16,), 2, 1, "tiny; rowwise path, 2 lanes per row, 1-launch backward"),
     (None, (4, 37), 7, 3, "two batch dims; 8 lanes"),
     (None, (300,), 64, 1, "many row blocks"),
     (3, (50,), 20, 5, "ensemble; 8 outputs in registers"),
-    (2, (33,), 9, 16, "ensemble; widest small layer"),
-    (None, (64,), 40, 24, "cuBLAS path (out > 16)"),
-    (2, (40,), 30, 20, "cuBLAS path, ensemble"),
-    (None, (8,), 3000, 4, "cuBLAS path (weights exceed shared memory)"),
+    (2, (33,), 9, 16, "ensemble; widest rowwise layer"),
+    (None, (64,), 40, 24, "blas path (out > 16)"),
+    (2, (40,), 30, 20, "blas path, ensemble"),
+    (None, (8,), 3000, 4, "blas path (weights exceed shared memory)"),
 ]
 SHAPE_IDS = shape_ids(SHAPES)
 
@@ -184,7 +184,7 @@ def test_layer_matches_reference(kind, shape, dtype):
         assert_close(g[n], g_cpu[n], dtype, f"grad {n} (cuda vs cpu)", grad=True)
 
 
-@pytest.mark.parametrize("O", [2, 24], ids=["small", "cublas"])
+@pytest.mark.parametrize("O", [2, 24], ids=["rowwise", "blas"])
 @pytest.mark.parametrize("gate", ["input", "independent"])
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "sep"])
 def test_nalu_forward_saved_values(O, gate, tied):
@@ -210,7 +210,7 @@ def _uniform(shape, low, high):
     return torch.rand(shape, dtype=torch.float64) * (high - low) + low
 
 
-@pytest.mark.parametrize("O", [2, 24], ids=["small", "cublas"])
+@pytest.mark.parametrize("O", [2, 24], ids=["rowwise", "blas"])
 @pytest.mark.parametrize("kind", ["nalu_input_tied", "nalu_indep_sep"])
 def test_float16_overflowing_m_keeps_gradients_finite(kind, O):
     """float16: u = lx W_m between 11.2 and 14.6 overflows m = exp(u) (max 65504 in float16) while
@@ -245,7 +245,7 @@ def test_float16_overflowing_m_keeps_gradients_finite(kind, O):
         torch.testing.assert_close(g["W_hat"].float(), g32["W_hat"], rtol=2e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("O", [2, 24], ids=["small", "cublas"])
+@pytest.mark.parametrize("O", [2, 24], ids=["rowwise", "blas"])
 def test_nac_mul_forward_saved_values_and_backward_flags(O):
     t = {k: v.to(DEV) for k, v in make_inputs("nac_mul", None, (20,), 6, O).items()}
     y, lx = torch.ops.nalu_cuda.nac_mul_forward(t["x"], t["W_hat"], t["M_hat"], EPS)
@@ -260,7 +260,7 @@ def test_nac_mul_forward_saved_values_and_backward_flags(O):
     torch.testing.assert_close(gm, gm2, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("O", [2, 24], ids=["small", "cublas"])
+@pytest.mark.parametrize("O", [2, 24], ids=["rowwise", "blas"])
 def test_nalu_backward_empty_gradients(O):
     """Tied weights and compute_grad_x=False give (0,)-shaped gradients, as on the CPU."""
     t = {k: v.to(DEV) for k, v in make_inputs("nalu_input_tied", None, (10,), 5, O).items()}
@@ -309,7 +309,7 @@ def test_nac_weight_ops(dtype):
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("O", [3, 17], ids=["small", "cublas"])
+@pytest.mark.parametrize("O", [3, 17], ids=["rowwise", "blas"])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_gradcheck_float64(kind, O):
     t = prepare(make_inputs(kind, 2, (4,), 3, O), torch.float64, _dev())
@@ -331,7 +331,7 @@ def _opcheck(op, args):
     torch.library.opcheck(op, args)
 
 
-@pytest.mark.parametrize("O", [3, 17], ids=["small", "cublas"])
+@pytest.mark.parametrize("O", [3, 17], ids=["rowwise", "blas"])
 @pytest.mark.parametrize("ensemble", [None, 2], ids=["plain", "ensemble"])
 def test_opcheck(O, ensemble):
     dev = _dev()
@@ -432,9 +432,9 @@ def test_compile_reduce_overhead():
 
 @needs_gpu
 @pytest.mark.parametrize("kind,E,N,O", [
-    ("nalu_input_tied", None, 300, 2),   # small path, backward with a workspace (2 launches)
-    ("nalu_indep_sep", 2, 16, 3),        # small path, 1-launch backward
-    ("nalu_input_sep", 2, 40, 20),       # cuBLAS path
+    ("nalu_input_tied", None, 300, 2),   # rowwise path, backward with a workspace (2 launches)
+    ("nalu_indep_sep", 2, 16, 3),        # rowwise path, 1-launch backward
+    ("nalu_input_sep", 2, 40, 20),       # blas path
     ("nac_mul", None, 50, 24),
 ])
 def test_cuda_graph_capture_replay(kind, E, N, O):
@@ -526,7 +526,7 @@ def test_autocast_backward_op_float32():
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("O", [2, 20], ids=["small", "cublas"])
+@pytest.mark.parametrize("O", [2, 20], ids=["rowwise", "blas"])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_ensemble_matches_members(kind, O):
     E = 4
@@ -548,7 +548,7 @@ def _noncontiguous(v):
     return v.transpose(-1, -2).contiguous().transpose(-1, -2)
 
 
-@pytest.mark.parametrize("O", [2, 20], ids=["small", "cublas"])
+@pytest.mark.parametrize("O", [2, 20], ids=["rowwise", "blas"])
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_noncontiguous_inputs(kind, O):
     t = make_inputs(kind, 2, (13,), 6, O)
@@ -595,7 +595,7 @@ def test_empty_ensembles(kind, E, N, O):
         assert torch.all(g[n] == 0), n
 
 
-@pytest.mark.parametrize("O", [2, 20], ids=["small", "cublas"])
+@pytest.mark.parametrize("O", [2, 20], ids=["rowwise", "blas"])
 @pytest.mark.parametrize("kind", ["nalu_input_sep", "nalu_indep_tied", "nac_mul"])
 def test_backward_deterministic(kind, O):
     """The same call twice gives bitwise the same gradients (no atomics on either path)."""
@@ -608,7 +608,7 @@ def test_backward_deterministic(kind, O):
 
 
 @needs_gpu
-@pytest.mark.parametrize("I,O", [(2, 1), (1024, 17)], ids=["small", "cublas"])
+@pytest.mark.parametrize("I,O", [(2, 1), (1024, 17)], ids=["rowwise", "blas"])
 def test_more_than_2_31_elements(I, O):
     """64-bit indexing: x with more than 2^31 elements; checked on the rows past 2^31 elements."""
     n_rows = (2**31) // I + 3

@@ -29,7 +29,7 @@ UNITS = {
     "nalu_sep_indep": (R.nalu, F.nalu, ("x", "W_hat", "M_hat", "G", "W_hat_m", "M_hat_m"), "independent"),
 }
 
-# (E or None, rows, I, O): rowwise (O <= 16, narrow I <= 8 and wide I), BLAS (O > 16), ensembles.
+# (E or None, rows, I, O): rowwise (O <= 16; lanes variant I <= 8, and wide I), blas (O > 16), ensembles.
 SHAPES = [(None, 9, 5, 2), (None, 6, 12, 3), (3, 7, 4, 2), (2, 5, 6, 18)]
 SHAPE_IDS = [f"E{e}-N{n}-I{i}-O{o}" for e, n, i, o in SHAPES]
 

@@ -141,7 +141,7 @@ def test_log_exp_roundtrip_float32_wide_range(isa_env):
 
 @pytest.mark.parametrize("isa_env", [None, "base"])
 def test_log_path_within_one_ulp_float32(isa_env):
-    # lx = log(|x| + eps) as each path computes it (narrow, rowwise, blas), against float64 libm's
+    # lx = log(|x| + eps) as each path computes it (lanes, rowwise, blas), against float64 libm's
     # log of the same float32 sum: within 1 ulp over 78 decades, for a normal eps (the fast positive-argument log)
     # and a subnormal one (the general log); inf and NaN pass through.
     code = (
@@ -229,7 +229,7 @@ def test_cpu_results_do_not_depend_on_the_thread_count(unit):
     before = torch.get_num_threads()
     try:
         for E, batch, I, O in [(3, (130,), 100, 2), (None, (1001,), 37, 3), (5, (77,), 9, 1), (2, (515,), 20, 16),
-                               (7, (200,), 2, 1), (3, (130,), 8, 5)]:  # the last two: narrow path
+                               (7, (200,), 2, 1), (3, (130,), 8, 5)]:  # the last two: lanes variant
             args, kw = make_args(unit, E, batch, I, O, torch.float32, "cpu")
             gy = None
             runs = []

@@ -10,6 +10,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/baddbmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -23,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../blas_path.h"
 #include "../nalu_layer.h"
 #include "../nalu_math.h"
 
@@ -32,20 +34,6 @@
 
 namespace nalu_cuda {
 namespace cpu {
-
-// A forward op's results: y, and what its backward needs besides the inputs.
-//   a, m, g   NALU: the additive path, the multiplicative path, the gate (of y's shape for an
-//             input gate, of G's shape for an independent gate)
-//   m         NAC*: its output y
-//   lx        NAC*, NALU: log(|x| + eps), of x's shape
-struct Forward {
-  at::Tensor y, a, m, g, lx;
-};
-
-// A backward op's results; gradients that were not asked for are undefined here.
-struct Backward {
-  at::Tensor grad_x, grad_W_hat, grad_M_hat, grad_W_hat_m, grad_M_hat_m, grad_G;
-};
 
 // The kernels of one instruction set. Arguments are checked by the caller.
 #define NALU_CPU_DECLARE_KERNELS(ISA)                                                              \

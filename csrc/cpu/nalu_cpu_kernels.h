@@ -13,15 +13,16 @@
 // reference keeps it too), and a, m, g for NALU (m = y for NAC*). W is rebuilt in backward: it
 // is I x O, small next to the batch.
 //
-// Two paths, chosen from the shape alone so that results never depend on the thread count:
+// The paths (csrc/layer_types.h names them for both devices), chosen from the shape alone so
+// that results never depend on the thread count:
 //   rowwise  out <= kRowwiseMaxOut (the paper's layers): one pass over the rows per direction.
-//            With at most kNarrowMaxIn inputs (the paper's second layers), the narrow variant
+//            With at most kLanesMaxIn inputs (the paper's second layers), the lanes variant
 //            puts rows, not inputs, across the vector lanes.
 //            Weights are kept transposed, (E, O, I), so each output is a vectorised dot product
 //            over a row that is still in L1; weight gradients accumulate in per-chunk partial
 //            sums that are added in a fixed order. No BLAS call, no batch-sized temporary.
-//   blas     wider layers: products by ATen's bmm (MKL/oneDNN); each elementwise step around them
-//            is one fused, vectorised, parallel loop. The backward's only batch-sized scratch is
+//   blas     wider layers: the products of csrc/blas_path.h (ATen's bmm: MKL/oneDNN); each
+//            elementwise step around them is one fused, vectorised, parallel loop. The backward's only batch-sized scratch is
 //            one (E, N, O) buffer that holds du, da and dz in turn.
 #ifndef NALU_CPU_ISA
 #error "define NALU_CPU_ISA (the namespace of this instruction set) before including nalu_cpu_kernels.h"
@@ -30,6 +31,6 @@
 // In this order: each part uses only what the parts before it define.
 #include "kernels/common.h"   // dispatch, loops, weight construction, pointer bundles, epilogue
 #include "kernels/rowwise.h"  // rowwise path
-#include "kernels/narrow.h"   // narrow path (rowwise layers with few inputs)
-#include "kernels/blas.h"     // blas path (wider layers, products by bmm)
+#include "kernels/lanes.h"    // lanes variant (rowwise layers with few inputs)
+#include "kernels/blas.h"     // blas path (wider layers: elementwise steps around blas_path.h)
 #include "kernels/drivers.h"  // layer_forward, layer_backward, weight, weight_backward

@@ -1,6 +1,6 @@
-// cuda_common.cuh: what the CUDA kernel files (nalu_cuda_kernels.cu, power_cuda_kernels.cu,
-// units_cuda_kernels.cu) share: the compute type of a storage type, typed loads and stores through
-// untyped pointers, the storage-dtype dispatch, and two host-side size helpers. Included by .cu
+// cuda_common.cuh: what the CUDA kernel files (rowwise_kernels.cu, blas_kernels.cu,
+// power_cuda_kernels.cu, units_cuda_kernels.cu) share: the compute type of a storage type, typed
+// loads and stores through untyped pointers, the storage-dtype dispatch, and two host-side size helpers. Included by .cu
 // files only, after the CUDA and c10 headers they need (c10::Half, c10::BFloat16) and after the
 // kernel header that declares DType (nalu_cuda_kernels.h). Everything is in an anonymous
 // namespace, as it was in each file: each kernel file keeps its own copy.

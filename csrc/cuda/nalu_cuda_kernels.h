@@ -14,26 +14,16 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../layer_types.h"
+
 namespace nalu_cuda {
 namespace cuda {
 
 // Storage dtype. The math runs in float for float/half/bfloat16 storage and in double for double.
 enum class DType : int { kFloat, kDouble, kHalf, kBFloat16 };
 
-enum class GateKind : int { kNone = 0, kInput = 1, kIndependent = 2 };
-
-// Which paths a layer has: NAC+ {add}, NAC* {mul}, NALU {add, mul, gate}; sep = separate
-// multiplicative weights (NALU only).
-struct KindArgs {
-  bool add;
-  bool mul;
-  bool sep;
-  GateKind gate;
-};
-
-struct Dims {
-  int64_t E, N, I, O;
-};
+// LayerKind, Dims, the path names and the FwdOut / SavedPtrs bundles (as FwdOut<void*>,
+// SavedPtrs<const void*>) are the CPU's too: csrc/layer_types.h.
 
 // The inputs of a layer call (storage dtype).
 struct LayerPtrs {
@@ -43,25 +33,6 @@ struct LayerPtrs {
   const void* W_hat_m = nullptr;  // separate weights only
   const void* M_hat_m = nullptr;
   const void* G = nullptr;  // (E, I, O) input gate or (E, O) independent gate
-};
-
-// Forward results (see csrc/nalu_ops.cpp): y, and for backward a, m, g (NALU) and lx.
-struct FwdOut {
-  void* y = nullptr;
-  void* a = nullptr;
-  void* m = nullptr;
-  void* g = nullptr;  // (E, N, O) input gate, (E, O) independent gate
-  void* lx = nullptr;
-};
-
-// What a backward op reads besides the inputs: grad_y and the forward's results
-// (m is NAC*'s y).
-struct SavedPtrs {
-  const void* dy = nullptr;
-  const void* a = nullptr;
-  const void* m = nullptr;
-  const void* g = nullptr;
-  const void* lx = nullptr;
 };
 
 // Backward results (null: not asked for).
@@ -75,13 +46,13 @@ struct GradOut {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Small path: one kernel per forward, one (or two) per backward.
+// Rowwise path: one kernel per forward, one (or two) per backward.
 // ---------------------------------------------------------------------------------------------
 
-// How a small-path launch is laid out; ok = false when the layer does not fit (then the caller
-// takes the cuBLAS path). Decided from the kind, dtype and shape alone, so results never depend
+// How a rowwise-path launch is laid out; ok = false when the layer does not fit (then the caller
+// takes the blas path). Decided from the kind, dtype and shape alone, so results never depend
 // on the GPU model.
-struct SmallPlan {
+struct RowwisePlan {
   bool ok = false;
   int lanes = 1;                    // threads per row (blockDim.x), a power of two <= 32
   int groups = 1;                   // rows in flight per block (blockDim.y)
@@ -93,19 +64,20 @@ struct SmallPlan {
   size_t workspace_bytes = 0;
 };
 
-SmallPlan plan_small_forward(DType dt, const KindArgs& kind, const Dims& d);
-SmallPlan plan_small_backward(DType dt, const KindArgs& kind, const Dims& d);
+RowwisePlan plan_rowwise_forward(DType dt, const LayerKind& kind, const Dims& d);
+RowwisePlan plan_rowwise_backward(DType dt, const LayerKind& kind, const Dims& d);
 
-void small_forward(DType dt, const KindArgs& kind, const Dims& d, const SmallPlan& plan, const LayerPtrs& p,
-                   const FwdOut& out, double eps, cudaStream_t stream);
+void rowwise_forward(DType dt, const LayerKind& kind, const Dims& d, const RowwisePlan& plan, const LayerPtrs& p,
+                     const FwdOut<void*>& out, double eps, cudaStream_t stream);
 
 // `workspace` holds plan.workspace_bytes (unused, may be null, when it is 0).
-void small_backward(DType dt, const KindArgs& kind, const Dims& d, const SmallPlan& plan, const LayerPtrs& p,
-                    const SavedPtrs& saved, const GradOut& out, void* workspace, double eps, bool compute_grad_x,
-                    cudaStream_t stream);
+void rowwise_backward(DType dt, const LayerKind& kind, const Dims& d, const RowwisePlan& plan, const LayerPtrs& p,
+                      const SavedPtrs<const void*>& saved, const GradOut& out, void* workspace, double eps,
+                      bool compute_grad_x, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
-// cuBLAS path: elementwise prologues and epilogues around the products (made by the caller).
+// Blas path: elementwise prologues and epilogues around the products (made by the host routine
+// of csrc/blas_path.h).
 // ---------------------------------------------------------------------------------------------
 
 // One launch over three index ranges (any may be empty):
@@ -133,7 +105,7 @@ void forward_prologue(DType dt, const PrologueArgs& a, cudaStream_t stream);
 
 // After the products: m = exp(u) (u in out.m; NAC*: u in out.y), g = sigmoid(z) (z in out.g,
 // input gate) or sigmoid(G) (independent gate, from p.G), y = g a + (1 - g) m.
-void forward_epilogue(DType dt, const KindArgs& kind, const Dims& d, const LayerPtrs& p, const FwdOut& out,
+void forward_epilogue(DType dt, const LayerKind& kind, const Dims& d, const LayerPtrs& p, const FwdOut<void*>& out,
                       cudaStream_t stream);
 
 // One launch: rebuilds W (and W_m) as in forward_prologue (w.n_w entries; n_lx, n_g unused), and
@@ -141,8 +113,8 @@ void forward_epilogue(DType dt, const KindArgs& kind, const Dims& d, const Layer
 //   da = g dy;  du = (1 - g) dy m;  dz = (a - m) dy g (1 - g)   (NAC+: da = dy; NAC*: du = dy y)
 // Each of da, du, dz may be null (not written): the host computes them one at a time into one
 // buffer, so that a backward holds a single (E, N, O) scratch tensor.
-void backward_prologue(DType dt, const KindArgs& kind, const Dims& d, const PrologueArgs& w,
-                       const SavedPtrs& saved, void* da, void* du, void* dz, cudaStream_t stream);
+void backward_prologue(DType dt, const LayerKind& kind, const Dims& d, const PrologueArgs& w,
+                       const SavedPtrs<const void*>& saved, void* da, void* du, void* dz, cudaStream_t stream);
 
 // One launch over three index ranges:
 //   dx *= sign(x) / (|x| + eps)  over n_dx entries (dx holds du W_m^T)

@@ -1,6 +1,7 @@
 // kernels/common.h: what every CPU kernel path shares: the thread grain, the float and
 // layer-kind dispatch, the parallel vectorised loop, the weight construction, the pointer bundles
-// of one call, the NALU epilogue and output gradients, and the sum of per-chunk partials.
+// of one call (with FwdOut and SavedPtrs of csrc/layer_types.h), the NALU epilogue and output
+// gradients, and the sum of per-chunk partials.
 // Included by nalu_cpu_kernels.h (once per instruction set, NALU_CPU_ISA defined); it includes
 // nothing itself and opens its namespaces itself.
 
@@ -13,16 +14,12 @@ namespace nm = nalu_cuda::math;
 
 // Work (multiply-adds or elementwise evaluations) under which a parallel loop runs inline.
 constexpr int64_t kGrainWork = 32768;
-// Widest layer (out_features) that takes the rowwise path.
-constexpr int64_t kRowwiseMaxOut = 16;
 // Rows per partial weight-gradient sum are at least this, so the partials stay smaller than x.
 constexpr int64_t kMinChunkRows = 64;
 
 int64_t grain_for(int64_t work_per_item) {
   return std::max<int64_t>(1, kGrainWork / std::max<int64_t>(1, work_per_item));
 }
-
-bool rowwise(const LayerShape& s) { return s.O <= kRowwiseMaxOut; }
 
 // Calls f.template operator()<T>() with T = float or double: the kernels hold `#pragma omp simd`,
 // which cannot sit inside the argument of the AT_DISPATCH macros. Dtypes are checked before.
@@ -123,16 +120,6 @@ struct Ptrs {
   const T* gind = nullptr;
 };
 
-// Forward outputs, (E, N, O) each, lx (E, N, I).
-template <typename T>
-struct OutPtrs {
-  T* y = nullptr;
-  T* a = nullptr;
-  T* m = nullptr;
-  T* g = nullptr;  // input gate only
-  T* lx = nullptr;
-};
-
 // The NALU epilogue over output elements [k0, k1): m = exp(u) (u is in m), the gate, y = blend.
 // With an input gate g holds z and becomes sigmoid(z); an independent gate reads sigmoid(G) from
 // gind, (E, O), for element k = (e N + n) O + j.
@@ -166,15 +153,6 @@ inline void output_grads(T dy, T a, T m, T g, T* da, T* du, T* dz) {
   }
 }
 
-// Saved forward values (see Forward).
-template <typename T>
-struct SavedPtrs {
-  const T* a = nullptr;   // (E, N, O), NALU
-  const T* m = nullptr;   // (E, N, O), NALU and NAC*
-  const T* g = nullptr;   // (E, N, O) input gate, (E, O) independent gate
-  const T* lx = nullptr;  // (E, N, I), NALU and NAC*
-};
-
 // The gate value of output element k = (e * N + n) * O + j.
 template <typename T, Gate GATE>
 inline T gate_at(const T* g, int64_t k, int64_t NO, int64_t O) {
@@ -193,7 +171,7 @@ struct GradPtrs {
   T* dG = nullptr;
 };
 
-// The weight gradients of rowwise_backward and narrow_backward: each member's per-chunk partial
+// The weight gradients of rowwise_backward and lanes_backward: each member's per-chunk partial
 // sums (layout [dW (O, I) | dW_m (O, I) when separate | dG (O, I) or (O)]) added in chunk order,
 // transposing (O, I) back to (I, O).
 template <typename T, Gate GATE>

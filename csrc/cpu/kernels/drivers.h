@@ -25,7 +25,7 @@ struct RowwiseWeights {
 template <typename T>
 RowwiseWeights<T> rowwise_weights(const LayerKind& kind, const LayerShape& s, const LayerParams& p, const T* x,
                                   bool matrices = true) {
-  const bool sep = kind.add && kind.mul && !kind.tied;
+  const bool sep = kind.sep();
   const int64_t n = s.E * s.I * s.O;
   const int64_t mats = 1 + (sep ? 1 : 0) + (kind.gate == Gate::kInput ? 1 : 0);
   RowwiseWeights<T> r;
@@ -80,7 +80,7 @@ void weight_backward_into(const T* dW, const at::Tensor& W_hat, const at::Tensor
 
 Forward layer_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& x, const LayerParams& p,
                       double eps) {
-  const bool nalu = kind.add && kind.mul;
+  const bool nalu = kind.nalu();
   const at::Tensor xc = x.contiguous();
   auto opts = x.options();
   // Outputs in the caller's shapes; kernels see them as contiguous (E, N, O) / (E, N, I).
@@ -94,7 +94,7 @@ Forward layer_forward(const LayerKind& kind, const LayerShape& s, const at::Tens
   }
   dispatch_float(x.scalar_type(), [&]<typename T>() {
     const T teps = static_cast<T>(eps);
-    if (!rowwise(s)) {
+    if (!rowwise_shape(s)) {
       const BlasWeights b = blas_weights(kind, s, p);
       if (kind.gate == Gate::kIndependent) f.g = b.gind;
       blas_forward<T>(kind, s, xc.view({s.E, s.N, s.I}), b, teps, f);
@@ -105,15 +105,15 @@ Forward layer_forward(const LayerKind& kind, const LayerShape& s, const at::Tens
       f.g = at::empty(p.G.sizes(), opts);
       std::copy(w.ptrs.gind, w.ptrs.gind + s.E * s.O, f.g.data_ptr<T>());
     }
-    OutPtrs<T> out;
+    FwdOut<T*> out;
     out.y = f.y.data_ptr<T>();
     out.a = ptr_or_null<T>(f.a);
     out.m = ptr_or_null<T>(f.m);
     out.g = kind.gate == Gate::kInput ? f.g.data_ptr<T>() : nullptr;
     out.lx = ptr_or_null<T>(f.lx);
     dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
-      if (narrow(s)) {
-        narrow_forward<T, ADD, MUL, GATE>(s, w.ptrs, teps, out);
+      if (lanes_shape(s)) {
+        lanes_forward<T, ADD, MUL, GATE>(s, w.ptrs, teps, out);
       } else {
         rowwise_forward<T, ADD, MUL, GATE>(s, w.ptrs, teps, out);
       }
@@ -124,8 +124,8 @@ Forward layer_forward(const LayerKind& kind, const LayerShape& s, const at::Tens
 
 Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Tensor& grad_y, const at::Tensor& x,
                         const LayerParams& p, const Forward& saved, double eps, bool compute_grad_x) {
-  const bool nalu = kind.add && kind.mul;
-  const bool sep = nalu && !kind.tied;
+  const bool nalu = kind.nalu();
+  const bool sep = kind.sep();
   auto opts = x.options();
   const at::Tensor xc = x.contiguous();
   const at::Tensor dy = grad_y.contiguous();
@@ -138,7 +138,8 @@ Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Te
   if (kind.gate != Gate::kNone) r.grad_G = at::empty(p.G.sizes(), opts);
 
   dispatch_float(x.scalar_type(), [&]<typename T>() {
-    SavedPtrs<T> sv;
+    SavedPtrs<const T*> sv;
+    sv.dy = dy.const_data_ptr<T>();
     sv.a = cptr_or_null<T>(a);
     sv.m = cptr_or_null<T>(m);
     sv.g = cptr_or_null<T>(g);
@@ -147,13 +148,12 @@ Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Te
     // Gradients w.r.t. W (and W_m), (E, I, O), before the weight construction's backward.
     const int64_t n = s.E * s.I * s.O;
     std::vector<T> dW(static_cast<size_t>(n * (sep ? 2 : 1)));
-    if (!rowwise(s)) {
+    if (!rowwise_shape(s)) {
       const BlasWeights b = blas_weights(kind, s, p);
       auto opts3 = at::TensorOptions().dtype(x.scalar_type());
       at::Tensor dW_t = at::from_blob(dW.data(), {s.E, s.I, s.O}, opts3);
       at::Tensor dWm_t = sep ? at::from_blob(dW.data() + n, {s.E, s.I, s.O}, opts3) : at::Tensor();
-      blas_backward<T>(kind, s, sep, xc.view({s.E, s.N, s.I}), dy, b, sv, lx, teps, r.grad_x, dW_t, dWm_t,
-                       r.grad_G);
+      blas_backward<T>(kind, s, xc.view({s.E, s.N, s.I}), b, sv, lx, teps, r.grad_x, dW_t, dWm_t, r.grad_G);
     } else {
       const RowwiseWeights<T> w = rowwise_weights<T>(kind, s, p, xc.const_data_ptr<T>(), compute_grad_x);
       GradPtrs<T> gp;
@@ -161,12 +161,11 @@ Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Te
       gp.dW = dW.data();
       gp.dWm = sep ? dW.data() + n : nullptr;
       gp.dG = ptr_or_null<T>(r.grad_G);
-      const T* dyp = dy.const_data_ptr<T>();
       dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
-        if (narrow(s)) {
-          narrow_backward<T, ADD, MUL, GATE>(s, sep, w.ptrs, sv, dyp, teps, compute_grad_x, gp);
+        if (lanes_shape(s)) {
+          lanes_backward<T, ADD, MUL, GATE>(s, sep, w.ptrs, sv, teps, compute_grad_x, gp);
         } else {
-          rowwise_backward<T, ADD, MUL, GATE>(s, sep, w.ptrs, sv, dyp, teps, compute_grad_x, gp);
+          rowwise_backward<T, ADD, MUL, GATE>(s, sep, w.ptrs, sv, teps, compute_grad_x, gp);
         }
       });
     }

@@ -8,7 +8,7 @@ What it builds: one shared library with every csrc/*.cpp but the Python module (
 the shared checks, autograd, autocast), and every csrc/cuda/*.cpp and *.cu (and the kernels of the
 training ops, csrc/training/*.cu), the CUDA ops
 registered as the CPU kernels of the ops (no CPU kernels of csrc/cpu/ are in it). So the CUDA host code (checks, path
-choice, allocations, the bmm calls of the cuBLAS path, run by ATen on the CPU) and the very kernel
+choice, allocations, the bmm calls of the blas path, run by ATen on the CPU) and the very kernel
 source run on CPU tensors, in every storage dtype:
   * each csrc/cuda/*.cu and csrc/training/*.cu is compiled as C++ after three mechanical rewrites:
     `k<<<g, b, s, st>>>(` becomes `::emu::Launch(g, b, s, st)(&k, `, the `extern __shared__` array becomes the block's

@@ -1,7 +1,7 @@
 // emu_runtime.h: a tiny CUDA execution emulator for checking csrc/cuda/ without a GPU.
 //
 // Developer tool only (see build.py beside this file); never part of the extension. It runs the
-// kernels of nalu_cuda_kernels.cu, compiled as plain C++, with CUDA's execution semantics where
+// kernels of csrc/cuda/*.cu, compiled as plain C++, with CUDA's execution semantics where
 // they matter to those kernels:
 //   * blocks run one after another; the threads of a block are fibers (ucontext) scheduled round
 //     robin, so __syncthreads is a real block barrier (threads that have returned count as arrived);

@@ -1,4 +1,4 @@
-// kernels/narrow.h: the narrow path (rowwise layers with at most kNarrowMaxIn inputs):
+// kernels/lanes.h: the lanes variant of the rowwise path (at most kLanesMaxIn inputs, layer_types.h):
 // rows across the vector lanes.
 // Included by nalu_cpu_kernels.h (once per instruction set, NALU_CPU_ISA defined); it includes
 // nothing itself and opens its namespaces itself.
@@ -9,19 +9,16 @@ namespace NALU_CPU_ISA {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Narrow path (rowwise layers with at most kNarrowMaxIn inputs, e.g. the second layer of the
+// Lanes variant (rowwise layers with at most kLanesMaxIn inputs, e.g. the second layer of the
 // paper's models, 2 -> 1). A dot product over so few inputs is all loop overhead, so the rows go
-// across the vector lanes instead: a block of up to kNarrowRows rows of one member is transposed
+// across the vector lanes instead: a block of up to kLanesRows rows of one member is transposed
 // to (I, rows) scratch, every output is a short sum of multiply-adds vectorised over the rows,
-// and results go back row by row. Blocks start at multiples of kNarrowRows of the member's rows:
+// and results go back row by row. Blocks start at multiples of kLanesRows of the member's rows:
 // fixed by the shape, never by the thread count.
 // ---------------------------------------------------------------------------------------------
-constexpr int64_t kNarrowMaxIn = 8;
-constexpr int64_t kNarrowRows = 64;
+constexpr int64_t kLanesRows = 64;
 
-bool narrow(const LayerShape& s) { return rowwise(s) && s.I <= kNarrowMaxIn; }
-
-// Between rows (R x K, row-major) and columns (K x kNarrowRows). With K known at compile time the
+// Between rows (R x K, row-major) and columns (K x kLanesRows). With K known at compile time the
 // compiler turns the interleaved accesses into vector shuffles; most layers here have K <= 4.
 template <bool TO_COLUMNS, typename T, int64_t K>
 inline void move_block_k(const T* src, T* dst, int64_t R) {
@@ -29,9 +26,9 @@ inline void move_block_k(const T* src, T* dst, int64_t R) {
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t i = 0; i < K; ++i) {
       if constexpr (TO_COLUMNS) {
-        dst[i * kNarrowRows + r] = src[r * K + i];
+        dst[i * kLanesRows + r] = src[r * K + i];
       } else {
-        dst[r * K + i] = src[i * kNarrowRows + r];
+        dst[r * K + i] = src[i * kLanesRows + r];
       }
     }
   }
@@ -48,16 +45,16 @@ inline void move_block(const T* src, T* dst, int64_t R, int64_t K) {
       for (int64_t r = 0; r < R; ++r) {
         for (int64_t i = 0; i < K; ++i) {
           if constexpr (TO_COLUMNS) {
-            dst[i * kNarrowRows + r] = src[r * K + i];
+            dst[i * kLanesRows + r] = src[r * K + i];
           } else {
-            dst[r * K + i] = src[i * kNarrowRows + r];
+            dst[r * K + i] = src[i * kLanesRows + r];
           }
         }
       }
   }
 }
 
-// dst[i * kNarrowRows + r] = src[r * K + i] for the block's R rows, and back.
+// dst[i * kLanesRows + r] = src[r * K + i] for the block's R rows, and back.
 template <typename T>
 inline void to_columns(const T* src, T* dst, int64_t R, int64_t K) {
   move_block<true>(src, dst, R, K);
@@ -69,26 +66,26 @@ inline void from_columns(const T* src, T* dst, int64_t R, int64_t K) {
 }
 
 template <typename T, bool ADD, bool MUL, Gate GATE>
-void narrow_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs<T>& out) {
+void lanes_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const FwdOut<T*>& out) {
   const int64_t I = s.I, O = s.O, N = s.N;
-  const int64_t blocks = (N + kNarrowRows - 1) / kNarrowRows;
+  const int64_t blocks = (N + kLanesRows - 1) / kLanesRows;
   constexpr bool kNalu = ADD && MUL;
-  at::parallel_for(0, s.E * blocks, grain_for(kNarrowRows * I * (O + 1) * 3), [&](int64_t t0, int64_t t1) {
-    alignas(64) T xt[kNarrowMaxIn * kNarrowRows];
-    alignas(64) T lt[MUL ? kNarrowMaxIn * kNarrowRows : 1];
+  at::parallel_for(0, s.E * blocks, grain_for(kLanesRows * I * (O + 1) * 3), [&](int64_t t0, int64_t t1) {
+    alignas(64) T xt[kLanesMaxIn * kLanesRows];
+    alignas(64) T lt[MUL ? kLanesMaxIn * kLanesRows : 1];
     // Outputs by column, (O, rows): y, and for NALU a, m and an input gate's g.
-    alignas(64) T yc[kRowwiseMaxOut * kNarrowRows];
-    alignas(64) T ac[ADD && MUL ? kRowwiseMaxOut * kNarrowRows : 1];
-    alignas(64) T mc[ADD && MUL ? kRowwiseMaxOut * kNarrowRows : 1];
-    alignas(64) T gc[GATE == Gate::kInput ? kRowwiseMaxOut * kNarrowRows : 1];
-    alignas(64) T acc_a[kNarrowRows], acc_u[kNarrowRows], acc_z[kNarrowRows];
+    alignas(64) T yc[kRowwiseMaxOut * kLanesRows];
+    alignas(64) T ac[ADD && MUL ? kRowwiseMaxOut * kLanesRows : 1];
+    alignas(64) T mc[ADD && MUL ? kRowwiseMaxOut * kLanesRows : 1];
+    alignas(64) T gc[GATE == Gate::kInput ? kRowwiseMaxOut * kLanesRows : 1];
+    alignas(64) T acc_a[kLanesRows], acc_u[kLanesRows], acc_z[kLanesRows];
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t e = t / blocks, n0 = (t % blocks) * kNarrowRows;
-      const int64_t R = std::min(kNarrowRows, N - n0);
+      const int64_t e = t / blocks, n0 = (t % blocks) * kLanesRows;
+      const int64_t R = std::min(kLanesRows, N - n0);
       const int64_t r0 = e * N + n0;  // flat index of the block's first row
       to_columns(p.x + r0 * I, xt, R, I);
       if constexpr (MUL) {
-        for (int64_t i = 0; i < I; ++i) log_abs_run(xt + i * kNarrowRows, lt + i * kNarrowRows, R, eps);
+        for (int64_t i = 0; i < I; ++i) log_abs_run(xt + i * kLanesRows, lt + i * kLanesRows, R, eps);
         from_columns(lt, out.lx + r0 * I, R, I);
       }
       for (int64_t j = 0; j < O; ++j) {
@@ -99,8 +96,8 @@ void narrow_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs<
         std::fill(acc_u, acc_u + R, T(0));
         std::fill(acc_z, acc_z + R, T(0));
         for (int64_t i = 0; i < I; ++i) {
-          const T* xi = xt + i * kNarrowRows;
-          const T* li = lt + i * kNarrowRows;
+          const T* xi = xt + i * kLanesRows;
+          const T* li = lt + i * kLanesRows;
           const T wv = ADD ? wj[i] : T(0), wmv = MUL ? wmj[i] : T(0), gv = GATE == Gate::kInput ? gj[i] : T(0);
 #pragma omp simd
           for (int64_t r = 0; r < R; ++r) {
@@ -109,11 +106,11 @@ void narrow_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs<
             if constexpr (GATE == Gate::kInput) acc_z[r] += xi[r] * gv;
           }
         }
-        T* ycj = yc + j * kNarrowRows;
+        T* ycj = yc + j * kLanesRows;
         if constexpr (kNalu) {
-          T* acj = ac + j * kNarrowRows;
-          T* mcj = mc + j * kNarrowRows;
-          T* gcj = GATE == Gate::kInput ? gc + j * kNarrowRows : nullptr;
+          T* acj = ac + j * kLanesRows;
+          T* mcj = mc + j * kLanesRows;
+          T* gcj = GATE == Gate::kInput ? gc + j * kLanesRows : nullptr;
           const T gind = GATE == Gate::kIndependent ? p.gind[e * O + j] : T(0);
 #pragma omp simd
           for (int64_t r = 0; r < R; ++r) {
@@ -145,32 +142,33 @@ void narrow_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const OutPtrs<
 }
 
 template <typename T, bool ADD, bool MUL, Gate GATE>
-void narrow_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const SavedPtrs<T>& sv, const T* dy, T eps,
+void lanes_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const SavedPtrs<const T*>& sv, T eps,
                      bool compute_grad_x, const GradPtrs<T>& out) {
   const int64_t I = s.I, O = s.O, N = s.N, E = s.E, OI = O * I;
-  const int64_t blocks = (N + kNarrowRows - 1) / kNarrowRows;
+  const T* dy = sv.dy;
+  const int64_t blocks = (N + kLanesRows - 1) / kLanesRows;
   constexpr bool kGateIn = GATE == Gate::kInput;
   constexpr bool kNalu = ADD && MUL;
   const int64_t gate_off = OI * (sep ? 2 : 1);
   const int64_t part_size = gate_off + (kGateIn ? OI : (GATE == Gate::kIndependent ? O : 0));
   // One partial weight-gradient sum per block, added in block order by sum_partials.
   std::vector<T> partials(static_cast<size_t>(E * blocks * part_size));
-  at::parallel_for(0, E * blocks, grain_for(kNarrowRows * I * (O + 1) * 3), [&](int64_t t0, int64_t t1) {
-    alignas(64) T xt[kNarrowMaxIn * kNarrowRows];
-    alignas(64) T lt[MUL ? kNarrowMaxIn * kNarrowRows : 1];
-    alignas(64) T dxt[kNarrowMaxIn * kNarrowRows];
-    alignas(64) T sg[MUL ? kNarrowRows : 1];
+  at::parallel_for(0, E * blocks, grain_for(kLanesRows * I * (O + 1) * 3), [&](int64_t t0, int64_t t1) {
+    alignas(64) T xt[kLanesMaxIn * kLanesRows];
+    alignas(64) T lt[MUL ? kLanesMaxIn * kLanesRows : 1];
+    alignas(64) T dxt[kLanesMaxIn * kLanesRows];
+    alignas(64) T sg[MUL ? kLanesRows : 1];
     // Saved values and output gradients by column, (O, rows).
-    alignas(64) T dyc[kRowwiseMaxOut * kNarrowRows];
-    alignas(64) T ac[ADD && MUL ? kRowwiseMaxOut * kNarrowRows : 1];
-    alignas(64) T mc[MUL ? kRowwiseMaxOut * kNarrowRows : 1];
-    alignas(64) T gc[GATE == Gate::kInput ? kRowwiseMaxOut * kNarrowRows : 1];
-    alignas(64) T da[ADD ? kRowwiseMaxOut * kNarrowRows : 1];
-    alignas(64) T du[MUL ? kRowwiseMaxOut * kNarrowRows : 1];
-    alignas(64) T dz[GATE != Gate::kNone ? kRowwiseMaxOut * kNarrowRows : 1];
+    alignas(64) T dyc[kRowwiseMaxOut * kLanesRows];
+    alignas(64) T ac[ADD && MUL ? kRowwiseMaxOut * kLanesRows : 1];
+    alignas(64) T mc[MUL ? kRowwiseMaxOut * kLanesRows : 1];
+    alignas(64) T gc[GATE == Gate::kInput ? kRowwiseMaxOut * kLanesRows : 1];
+    alignas(64) T da[ADD ? kRowwiseMaxOut * kLanesRows : 1];
+    alignas(64) T du[MUL ? kRowwiseMaxOut * kLanesRows : 1];
+    alignas(64) T dz[GATE != Gate::kNone ? kRowwiseMaxOut * kLanesRows : 1];
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t e = t / blocks, n0 = (t % blocks) * kNarrowRows;
-      const int64_t R = std::min(kNarrowRows, N - n0);
+      const int64_t e = t / blocks, n0 = (t % blocks) * kLanesRows;
+      const int64_t R = std::min(kLanesRows, N - n0);
       const int64_t r0 = e * N + n0;
       T* part = partials.data() + t * part_size;
       to_columns(p.x + r0 * I, xt, R, I);
@@ -181,7 +179,7 @@ void narrow_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Save
       if constexpr (kGateIn) to_columns(sv.g + r0 * O, gc, R, O);
       // Output gradients.
       for (int64_t j = 0; j < O; ++j) {
-        const int64_t c = j * kNarrowRows;
+        const int64_t c = j * kLanesRows;
         const T gind = GATE == Gate::kIndependent ? sv.g[e * O + j] : T(0);
 #pragma omp simd
         for (int64_t r = 0; r < R; ++r) {
@@ -198,12 +196,12 @@ void narrow_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Save
       T* pWm = sep ? part + OI : part;
       T* pG = part + gate_off;
       for (int64_t j = 0; j < O; ++j) {
-        const T* daj = da + j * kNarrowRows;
-        const T* duj = du + j * kNarrowRows;
-        const T* dzj = dz + j * kNarrowRows;
+        const T* daj = da + j * kLanesRows;
+        const T* duj = du + j * kLanesRows;
+        const T* dzj = dz + j * kLanesRows;
         for (int64_t i = 0; i < I; ++i) {
-          const T* xi = xt + i * kNarrowRows;
-          const T* li = lt + i * kNarrowRows;
+          const T* xi = xt + i * kLanesRows;
+          const T* li = lt + i * kLanesRows;
           T v = 0, vm = 0, vg = 0;
           if (sep) {
 #pragma omp simd reduction(+ : v, vm, vg)
@@ -234,15 +232,15 @@ void narrow_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Save
       if (!compute_grad_x) continue;
       // dx = sum_j (da W + dz G + du W_m sign(x) / (|x| + eps)), by column, then back to rows.
       for (int64_t i = 0; i < I; ++i) {
-        const T* xi = xt + i * kNarrowRows;
-        T* di = dxt + i * kNarrowRows;
+        const T* xi = xt + i * kLanesRows;
+        T* di = dxt + i * kLanesRows;
         std::fill(di, di + R, T(0));
         if constexpr (MUL) {
 #pragma omp simd
           for (int64_t r = 0; r < R; ++r) sg[r] = nm::log_abs_grad(xi[r], eps);
         }
         for (int64_t j = 0; j < O; ++j) {
-          const int64_t c = j * kNarrowRows;
+          const int64_t c = j * kLanesRows;
           const T wv = ADD ? p.W[e * OI + j * I + i] : T(0);
           const T wmv = MUL ? p.Wm[e * OI + j * I + i] : T(0);
           const T gv = kGateIn ? p.G[e * OI + j * I + i] : T(0);

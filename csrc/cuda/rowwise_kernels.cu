@@ -1,25 +1,10 @@
-// nalu_cuda_kernels.cu: the CUDA kernels of NAC+, NAC*, NALU and the weight construction.
+// rowwise_kernels.cu: the rowwise path of NAC+, NAC* and NALU on the GPU (csrc/layer_types.h
+// names the paths; the math, precision and saved values: nalu_cuda_kernels.cuh). The host chooses
+// it from the kind, dtype and shape alone (plan_rowwise_*); the other layers take the blas path
+// (blas_kernels.cu).
 //
-// Math (member e, row n, input i, output j; every formula comes from csrc/nalu_math.h):
-//   forward   W = tanh(W_hat) sigmoid(M_hat);  lx = log(|x| + eps);  a = x W;  m = exp(lx W_m);
-//             g = sigmoid(x G) or sigmoid(G);  y = g a + (1 - g) m
-//   backward  da = g dy;  du = (1 - g) dy m;  dz = (a - m) dy g (1 - g)
-//             dW = x^T da (+ lx^T du when tied);  dW_m = lx^T du;  dG = x^T dz (or sum_n dz)
-//             dx = da W^T + dz G^T + (du W_m^T) sign(x) / (|x| + eps)
-//             dW_hat, dM_hat from dW through the weight construction
-// Saved by forward for backward (csrc/nalu_ops.cpp): lx, and a, m, g for NALU (m = y for NAC*);
-// in float16/bfloat16 NALU's m saturates at the type's largest finite value (st_m).
-// W is rebuilt in backward from W_hat, M_hat.
-//
-// Precision: storage may be float, double, float16 or bfloat16; every value is loaded into the
-// compute type A (float, or double for double storage), all math and every accumulation runs in
-// A, and only results are rounded to the storage type. On the device exp/log/tanh are CUDA's
-// expf/logf/tanhf (never the fast-math intrinsics).
-//
-// Two paths, chosen by the host from the kind, dtype and shape alone (plan_small_*):
-//
-// Small path: O <= 16 and the weights plus one weight-gradient accumulator fit in 48 KiB of
-// shared memory (the paper's layers: I = 2..100, O = 1..2). A block serves one ensemble member
+// Rowwise path: O <= kRowwiseMaxOut (16) and the weights plus one weight-gradient accumulator
+// fit in 48 KiB of shared memory (the paper's layers: I = 2..100, O = 1..2). A block serves one ensemble member
 // and a contiguous chunk of its rows; blockDim = (lanes, groups): a group of `lanes` threads
 // (a power of two <= 32, ~I) handles one row at a time, lane l owning inputs i = l, l + lanes, ...
 //   forward  (1 launch) each block builds W (and W_m, G) in shared memory, transposed to (O, I)
@@ -36,78 +21,20 @@
 //            otherwise it writes its partial to a workspace and a second kernel sums the partials
 //            of each member in block order and finishes. Deterministic run to run: every sum has a
 //            fixed order, and the chunking depends on the shape alone.
-//
-// cuBLAS path (wider layers): the products go to cuBLAS through ATen (batched over E, called by
-// nalu_cuda.cpp); everything elementwise is fused launches before or after them:
-//   forward   forward_prologue (W, W_m, lx, sigmoid(G)) -> 1..3 bmm -> forward_epilogue
-//   backward  one (E, N, O) buffer, filled by backward_prologue with du (and W, W_m), then da,
-//             then dz, each followed by its products: dW_m, du W_m^T into dx; dW;
-//             backward_epilogue (dx *= sign(x)/(|x|+eps); dW_hat, dM_hat, ...); da W^T into dx;
-//             dG, dz G^T into dx
 #include <c10/cuda/CUDAException.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <climits>
 #include <type_traits>
 
-#include "../nalu_math.h"
-#include "cuda_common.cuh"
-#include "nalu_cuda_kernels.h"
+#include "nalu_cuda_kernels.cuh"
 
 namespace nalu_cuda {
 namespace cuda {
 namespace {
 
-namespace nm = nalu_cuda::math;
-
-// ---------------------------------------------------------------------------------------------
-// Types, loads and stores (the shared ones: cuda_common.cuh)
-// ---------------------------------------------------------------------------------------------
-
-// NALU's m = exp(u), saved for the backward. In float16 it overflows past u ~ 11.09 while y, blended
-// in the compute type, stays finite; an inf m would make du = (1 - g) dy m and dz = (a - m) dy
-// g (1 - g) inf or NaN. So a 2-byte storage type keeps m saturated at its largest finite value
-// (NaN stays NaN); wider types store it as is.
-template <typename T, typename A>
-__device__ __forceinline__ void st_m(void* p, int64_t k, A m) {
-  if constexpr (std::is_same_v<T, c10::Half>) {
-    m = m > A(65504.0f) ? A(65504.0f) : m;
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    m = m > A(3.38953139e38f) ? A(3.38953139e38f) : m;
-  }
-  st<T>(p, k, m);
-}
-
-template <bool ADD, bool MUL, int GATE>
-struct KindTag {
-  static constexpr bool add = ADD;
-  static constexpr bool mul = MUL;
-  static constexpr int gate = GATE;  // GateKind as int
-};
-constexpr int kGateNone = 0, kGateInput = 1, kGateIndep = 2;
-
-// Calls f with `kind_t` bound to the KindTag of the layer: NAC+, NAC*, NALU with either gate.
-#define NALU_DISPATCH_KIND(K, ...)                          \
-  if ((K).add && (K).mul) {                                 \
-    if ((K).gate == GateKind::kInput) {                     \
-      using kind_t = KindTag<true, true, kGateInput>;       \
-      __VA_ARGS__();                                        \
-    } else {                                                \
-      using kind_t = KindTag<true, true, kGateIndep>;       \
-      __VA_ARGS__();                                        \
-    }                                                       \
-  } else if ((K).add) {                                     \
-    using kind_t = KindTag<true, false, kGateNone>;         \
-    __VA_ARGS__();                                          \
-  } else {                                                  \
-    using kind_t = KindTag<false, true, kGateNone>;         \
-    __VA_ARGS__();                                          \
-  }
-
-// Calls f with `maxo_t::value` >= O, the register-array size of the small kernels.
+// Calls f with `maxo_t::value` >= O, the register-array size of the rowwise kernels.
 #define NALU_DISPATCH_MAXO(O, ...)                           \
   if ((O) <= 2) {                                            \
     using maxo_t = std::integral_constant<int, 2>;           \
@@ -123,35 +50,29 @@ constexpr int kGateNone = 0, kGateInput = 1, kGateIndep = 2;
     __VA_ARGS__();                                           \
   }
 
-constexpr int kThreads = 256;               // threads per block, every kernel
-constexpr int kMaxSmallOut = 16;            // widest layer on the small path (the largest maxo_t)
-constexpr int64_t kMaxSmallIn = 8192;       // keeps I, O I in int on the small path
+static_assert(kRowwiseMaxOut == 16, "NALU_DISPATCH_MAXO's largest register array is 16 outputs");
+constexpr int64_t kRowwiseMaxIn = 8192;     // keeps I, O I in int on the rowwise path
 // Dynamic shared memory per block: under the 48 KiB a launch may use without an opt-in, leaving room
 // for the forward kernel's static array (at most 16 doubles).
 constexpr size_t kSmemLimit = 48 * 1024 - 256;
 constexpr int64_t kTargetBlocks = 512;      // rows are split until about this many blocks...
 constexpr int64_t kBwdRowsPerGroup = 4;     // ...but a backward block keeps >= 4 rows per group
-constexpr int64_t kMaxElementwiseBlocks = 8192;
-
-unsigned elementwise_blocks(int64_t n) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min(ceil_div(n, kThreads), kMaxElementwiseBlocks)));
-}
 
 // ---------------------------------------------------------------------------------------------
-// Small path
+// Rowwise path
 // ---------------------------------------------------------------------------------------------
 
 // Weight matrices a block keeps in shared memory: W (the only one for NAC+ and NAC*), W_m when
 // separate, G for an input gate.
-int64_t weight_mats(const KindArgs& k) {
-  return 1 + (k.sep ? 1 : 0) + (k.gate == GateKind::kInput ? 1 : 0);
+int64_t weight_mats(const LayerKind& k) {
+  return 1 + (k.sep() ? 1 : 0) + (k.gate == Gate::kInput ? 1 : 0);
 }
 
 // Entries of one member's weight-gradient accumulator: dW (O, I), dW_m (O, I) when separate,
 // then dG: (O, I) for an input gate, O for an independent gate.
-int64_t slice_elems(const KindArgs& k, const Dims& d) {
+int64_t slice_elems(const LayerKind& k, const Dims& d) {
   const int64_t OI = d.O * d.I;
-  return OI * (k.sep ? 2 : 1) + (k.gate == GateKind::kInput ? OI : (k.gate == GateKind::kIndependent ? d.O : 0));
+  return OI * (k.sep() ? 2 : 1) + (k.gate == Gate::kInput ? OI : (k.gate == Gate::kIndependent ? d.O : 0));
 }
 
 int lanes_for(int64_t I) {
@@ -160,8 +81,8 @@ int lanes_for(int64_t I) {
   return L;
 }
 
-// The geometry one small-path launch needs on the device.
-struct SmallGeom {
+// The geometry one rowwise-path launch needs on the device.
+struct RowwiseGeom {
   int64_t N, rows, bpm, slice;
   int I, O;
 };
@@ -193,8 +114,8 @@ __device__ __forceinline__ void build_shared_weights(const LayerPtrs& p, int64_t
 }
 
 template <typename T, typename K, int MAXO>
-__global__ void __launch_bounds__(kThreads) small_forward_kernel(LayerPtrs p, FwdOut out, SmallGeom s, bool sep,
-                                                                 acc_t<T> eps) {
+__global__ void __launch_bounds__(kThreads)
+    rowwise_forward_kernel(LayerPtrs p, FwdOut<void*> out, RowwiseGeom s, bool sep, acc_t<T> eps) {
   using A = acc_t<T>;
   constexpr bool ADD = K::add, MUL = K::mul;
   constexpr int GATE = K::gate;
@@ -308,8 +229,8 @@ __device__ __forceinline__ void finish_entry(const LayerPtrs& p, const GradOut& 
 
 template <typename T, typename K, int MAXO>
 __global__ void __launch_bounds__(kThreads)
-    small_backward_kernel(LayerPtrs p, SavedPtrs sv, GradOut out, acc_t<T>* partials, SmallGeom s, bool sep,
-                          bool grad_x, acc_t<T> eps) {
+    rowwise_backward_kernel(LayerPtrs p, SavedPtrs<const void*> sv, GradOut out, acc_t<T>* partials,
+                            RowwiseGeom s, bool sep, bool grad_x, acc_t<T> eps) {
   using A = acc_t<T>;
   constexpr bool ADD = K::add, MUL = K::mul;
   constexpr int GATE = K::gate;
@@ -412,7 +333,7 @@ __global__ void __launch_bounds__(kThreads)
 // Sums each member's block partials in block order, then finishes (one thread per entry).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    small_backward_reduce_kernel(LayerPtrs p, GradOut out, const acc_t<T>* partials, SmallGeom s, int64_t E,
+    rowwise_backward_reduce_kernel(LayerPtrs p, GradOut out, const acc_t<T>* partials, RowwiseGeom s, int64_t E,
                                  bool sep, int gate) {
   using A = acc_t<T>;
   const int64_t total = E * s.slice;
@@ -426,9 +347,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-SmallPlan plan_small(DType dt, const KindArgs& k, const Dims& d, bool backward) {
-  SmallPlan plan;
-  if (d.O > kMaxSmallOut || d.I > kMaxSmallIn || d.E < 1) return plan;
+RowwisePlan plan_rowwise(DType dt, const LayerKind& k, const Dims& d, bool backward) {
+  RowwisePlan plan;
+  if (d.O > kRowwiseMaxOut || d.I > kRowwiseMaxIn || d.E < 1) return plan;
   const size_t ab = acc_bytes(dt);
   const int64_t slice = slice_elems(k, d);
   const size_t wbytes = static_cast<size_t>(weight_mats(k) * d.I * d.O) * ab;
@@ -449,7 +370,7 @@ SmallPlan plan_small(DType dt, const KindArgs& k, const Dims& d, bool backward) 
   int64_t bpm = std::max<int64_t>(1, std::min(ceil_div(d.N, min_rows), std::max<int64_t>(1, kTargetBlocks / d.E)));
   const int64_t rows = ceil_div(d.N, bpm);
   if (rows > 0) bpm = ceil_div(d.N, rows);  // no block without rows
-  if (d.E > INT_MAX / bpm) return SmallPlan{};
+  if (d.E > INT_MAX / bpm) return RowwisePlan{};
   plan.blocks_per_member = bpm;
   plan.rows_per_block = rows;
   plan.slice = slice;
@@ -458,148 +379,42 @@ SmallPlan plan_small(DType dt, const KindArgs& k, const Dims& d, bool backward) 
   return plan;
 }
 
-// ---------------------------------------------------------------------------------------------
-// cuBLAS-path elementwise kernels (grid-stride loops, 64-bit indices)
-// ---------------------------------------------------------------------------------------------
-
-template <typename T>
-__device__ __forceinline__ void build_weight_entry(const PrologueArgs& a, int64_t k) {
-  using A = acc_t<T>;
-  st<T>(a.W, k, nm::nac_weight(ld<A, T>(a.W_hat, k), ld<A, T>(a.M_hat, k)));
-  if (a.Wm != nullptr) st<T>(a.Wm, k, nm::nac_weight(ld<A, T>(a.W_hat_m, k), ld<A, T>(a.M_hat_m, k)));
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads) forward_prologue_kernel(PrologueArgs a) {
-  using A = acc_t<T>;
-  const A eps = static_cast<A>(a.eps);
-  const int64_t total = a.n_w + a.n_lx + a.n_g;
-  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
-       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (t < a.n_w) {
-      build_weight_entry<T>(a, t);
-    } else if (t < a.n_w + a.n_lx) {
-      const int64_t k = t - a.n_w;
-      st<T>(a.lx, k, nm::log_abs(ld<A, T>(a.x, k), eps));
-    } else {
-      const int64_t k = t - a.n_w - a.n_lx;
-      st<T>(a.g, k, nm::sigmoid(ld<A, T>(a.G, k)));
-    }
-  }
-}
-
-template <typename T, typename K>
-__global__ void __launch_bounds__(kThreads) forward_epilogue_kernel(LayerPtrs p, FwdOut out, int64_t n, int64_t NO,
-                                                                    int64_t O) {
-  using A = acc_t<T>;
-  constexpr bool ADD = K::add, MUL = K::mul;
-  constexpr int GATE = K::gate;
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
-       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (ADD && MUL) {
-      const A mv = nm::exp_(ld<A, T>(out.m, k));
-      A gv;
-      if (GATE == kGateInput) {
-        gv = nm::sigmoid(ld<A, T>(out.g, k));
-        st<T>(out.g, k, gv);
-      } else {
-        gv = nm::sigmoid(ld<A, T>(p.G, (k / NO) * O + k % O));
-      }
-      st_m<T>(out.m, k, mv);
-      st<T>(out.y, k, nm::blend(ld<A, T>(out.a, k), mv, gv));
-    } else if (MUL) {
-      st<T>(out.y, k, nm::exp_(ld<A, T>(out.y, k)));
-    }
-  }
-}
-
-template <typename T, typename K>
-__global__ void __launch_bounds__(kThreads)
-    backward_prologue_kernel(PrologueArgs w, SavedPtrs sv, void* da, void* du, void* dz, int64_t n, int64_t NO,
-                             int64_t O) {
-  using A = acc_t<T>;
-  constexpr bool ADD = K::add, MUL = K::mul;
-  constexpr int GATE = K::gate;
-  const int64_t total = w.n_w + n;
-  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
-       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (t < w.n_w) {
-      build_weight_entry<T>(w, t);
-      continue;
-    }
-    const int64_t k = t - w.n_w;
-    const A dyv = ld<A, T>(sv.dy, k);
-    if (ADD && MUL) {
-      const A gv = GATE == kGateInput ? ld<A, T>(sv.g, k) : ld<A, T>(sv.g, (k / NO) * O + k % O);
-      A dav, duv, dzv;
-      nm::blend_backward(dyv, ld<A, T>(sv.a, k), ld<A, T>(sv.m, k), gv, &dav, &duv, &dzv);
-      if (da != nullptr) st<T>(da, k, dav);
-      if (du != nullptr) st<T>(du, k, duv);
-      if (dz != nullptr) st<T>(dz, k, dzv);
-    } else if (ADD) {
-      if (da != nullptr) st<T>(da, k, dyv);
-    } else if (du != nullptr) {
-      st<T>(du, k, dyv * ld<A, T>(sv.m, k));
-    }
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads) backward_epilogue_kernel(EpilogueArgs a) {
-  using A = acc_t<T>;
-  const A eps = static_cast<A>(a.eps);
-  const int64_t total = a.n_dx + a.n_w;
-  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
-       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (t < a.n_dx) {
-      st<T>(a.dx, t, ld<A, T>(a.dx, t) * nm::log_abs_grad(ld<A, T>(a.x, t), eps));
-      continue;
-    }
-    const int64_t k = t - a.n_dx;
-    A gw, gm;
-    nm::nac_weight_backward(ld<A, T>(a.dW, k), ld<A, T>(a.W_hat, k), ld<A, T>(a.M_hat, k), &gw, &gm);
-    st<T>(a.dW_hat, k, gw);
-    st<T>(a.dM_hat, k, gm);
-    if (a.dWm != nullptr) {
-      nm::nac_weight_backward(ld<A, T>(a.dWm, k), ld<A, T>(a.W_hat_m, k), ld<A, T>(a.M_hat_m, k), &gw, &gm);
-      st<T>(a.dW_hat_m, k, gw);
-      st<T>(a.dM_hat_m, k, gm);
-    }
-  }
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Launchers
 // ---------------------------------------------------------------------------------------------
 
-SmallPlan plan_small_forward(DType dt, const KindArgs& kind, const Dims& d) { return plan_small(dt, kind, d, false); }
+RowwisePlan plan_rowwise_forward(DType dt, const LayerKind& kind, const Dims& d) {
+  return plan_rowwise(dt, kind, d, false);
+}
 
-SmallPlan plan_small_backward(DType dt, const KindArgs& kind, const Dims& d) { return plan_small(dt, kind, d, true); }
+RowwisePlan plan_rowwise_backward(DType dt, const LayerKind& kind, const Dims& d) {
+  return plan_rowwise(dt, kind, d, true);
+}
 
-void small_forward(DType dt, const KindArgs& kind, const Dims& d, const SmallPlan& plan, const LayerPtrs& p,
-                   const FwdOut& out, double eps, cudaStream_t stream) {
-  const SmallGeom s{d.N, plan.rows_per_block, plan.blocks_per_member, plan.slice, static_cast<int>(d.I),
-                    static_cast<int>(d.O)};
+void rowwise_forward(DType dt, const LayerKind& kind, const Dims& d, const RowwisePlan& plan, const LayerPtrs& p,
+                     const FwdOut<void*>& out, double eps, cudaStream_t stream) {
+  const RowwiseGeom s{d.N, plan.rows_per_block, plan.blocks_per_member, plan.slice, static_cast<int>(d.I),
+                      static_cast<int>(d.O)};
   const dim3 block(plan.lanes, plan.groups);
   const unsigned grid = static_cast<unsigned>(d.E * plan.blocks_per_member);
   NALU_DISPATCH_DTYPE(dt, [&] {
     NALU_DISPATCH_KIND(kind, [&] {
       NALU_DISPATCH_MAXO(d.O, [&] {
-        small_forward_kernel<scalar_t, kind_t, maxo_t::value><<<grid, block, plan.smem_bytes, stream>>>(
-            p, out, s, kind.sep, static_cast<acc_t<scalar_t>>(eps));
+        rowwise_forward_kernel<scalar_t, kind_t, maxo_t::value><<<grid, block, plan.smem_bytes, stream>>>(
+            p, out, s, kind.sep(), static_cast<acc_t<scalar_t>>(eps));
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
     });
   });
 }
 
-void small_backward(DType dt, const KindArgs& kind, const Dims& d, const SmallPlan& plan, const LayerPtrs& p,
-                    const SavedPtrs& saved, const GradOut& out, void* workspace, double eps, bool compute_grad_x,
-                    cudaStream_t stream) {
-  const SmallGeom s{d.N, plan.rows_per_block, plan.blocks_per_member, plan.slice, static_cast<int>(d.I),
-                    static_cast<int>(d.O)};
+void rowwise_backward(DType dt, const LayerKind& kind, const Dims& d, const RowwisePlan& plan, const LayerPtrs& p,
+                      const SavedPtrs<const void*>& saved, const GradOut& out, void* workspace, double eps,
+                      bool compute_grad_x, cudaStream_t stream) {
+  const RowwiseGeom s{d.N, plan.rows_per_block, plan.blocks_per_member, plan.slice, static_cast<int>(d.I),
+                      static_cast<int>(d.O)};
   const dim3 block(plan.lanes, plan.groups);
   const unsigned grid = static_cast<unsigned>(d.E * plan.blocks_per_member);
   NALU_DISPATCH_DTYPE(dt, [&] {
@@ -607,63 +422,18 @@ void small_backward(DType dt, const KindArgs& kind, const Dims& d, const SmallPl
     A* partials = static_cast<A*>(workspace);
     NALU_DISPATCH_KIND(kind, [&] {
       NALU_DISPATCH_MAXO(d.O, [&] {
-        small_backward_kernel<scalar_t, kind_t, maxo_t::value><<<grid, block, plan.smem_bytes, stream>>>(
-            p, saved, out, partials, s, kind.sep, compute_grad_x, static_cast<A>(eps));
+        rowwise_backward_kernel<scalar_t, kind_t, maxo_t::value><<<grid, block, plan.smem_bytes, stream>>>(
+            p, saved, out, partials, s, kind.sep(), compute_grad_x, static_cast<A>(eps));
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
     });
     if (plan.blocks_per_member > 1 && s.slice > 0) {
       const int64_t n = d.E * s.slice;
-      small_backward_reduce_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(
-          p, out, partials, s, d.E, kind.sep, static_cast<int>(kind.gate));
+      rowwise_backward_reduce_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(
+          p, out, partials, s, d.E, kind.sep(), static_cast<int>(kind.gate));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
 }
-
-void forward_prologue(DType dt, const PrologueArgs& a, cudaStream_t stream) {
-  const int64_t n = a.n_w + a.n_lx + a.n_g;
-  if (n == 0) return;
-  NALU_DISPATCH_DTYPE(dt, [&] {
-    forward_prologue_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(a);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
-}
-
-void forward_epilogue(DType dt, const KindArgs& kind, const Dims& d, const LayerPtrs& p, const FwdOut& out,
-                      cudaStream_t stream) {
-  const int64_t n = d.E * d.N * d.O;
-  if (n == 0 || !kind.mul) return;  // NAC+ has nothing after its product
-  NALU_DISPATCH_DTYPE(dt, [&] {
-    NALU_DISPATCH_KIND(kind, [&] {
-      forward_epilogue_kernel<scalar_t, kind_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(
-          p, out, n, d.N * d.O, d.O);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  });
-}
-
-void backward_prologue(DType dt, const KindArgs& kind, const Dims& d, const PrologueArgs& w,
-                       const SavedPtrs& saved, void* da, void* du, void* dz, cudaStream_t stream) {
-  const int64_t n = d.E * d.N * d.O;
-  if (n + w.n_w == 0) return;
-  NALU_DISPATCH_DTYPE(dt, [&] {
-    NALU_DISPATCH_KIND(kind, [&] {
-      backward_prologue_kernel<scalar_t, kind_t><<<elementwise_blocks(n + w.n_w), kThreads, 0, stream>>>(
-          w, saved, da, du, dz, n, d.N * d.O, d.O);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  });
-}
-
-void backward_epilogue(DType dt, const EpilogueArgs& a, cudaStream_t stream) {
-  const int64_t n = a.n_dx + a.n_w;
-  if (n == 0) return;
-  NALU_DISPATCH_DTYPE(dt, [&] {
-    backward_epilogue_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(a);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
-}
-
 }  // namespace cuda
 }  // namespace nalu_cuda
