@@ -66,21 +66,13 @@ constexpr bool lanes_shape(const Dims& d) { return rowwise_shape(d) && d.I <= kL
 // and NALU (x's shape).
 template <typename P>
 struct FwdOut {
-  P y = nullptr;
-  P a = nullptr;
-  P m = nullptr;
-  P g = nullptr;
-  P lx = nullptr;
+  P y = nullptr, a = nullptr, m = nullptr, g = nullptr, lx = nullptr;
 };
 
 // What a backward reads besides the inputs: grad_y and the forward's results (m is NAC*'s y).
 template <typename CP>
 struct SavedPtrs {
-  CP dy = nullptr;
-  CP a = nullptr;
-  CP m = nullptr;
-  CP g = nullptr;
-  CP lx = nullptr;
+  CP dy = nullptr, a = nullptr, m = nullptr, g = nullptr, lx = nullptr;
 };
 
 }  // namespace nalu_cuda

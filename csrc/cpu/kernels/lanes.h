@@ -18,10 +18,11 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 constexpr int64_t kLanesRows = 64;
 
-// Between rows (R x K, row-major) and columns (K x kLanesRows). With K known at compile time the
-// compiler turns the interleaved accesses into vector shuffles; most layers here have K <= 4.
-template <bool TO_COLUMNS, typename T, int64_t K>
-inline void move_block_k(const T* src, T* dst, int64_t R) {
+// Between rows (R x K, row-major) and columns (K x kLanesRows). K is a std::integral_constant
+// (known at compile time: the compiler turns the interleaved accesses into vector shuffles; most
+// layers here have K <= 4) or an int64_t.
+template <bool TO_COLUMNS, typename T, typename KT>
+inline void move_rows(const T* src, T* dst, int64_t R, KT K) {
 #pragma omp simd
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t i = 0; i < K; ++i) {
@@ -37,20 +38,11 @@ inline void move_block_k(const T* src, T* dst, int64_t R) {
 template <bool TO_COLUMNS, typename T>
 inline void move_block(const T* src, T* dst, int64_t R, int64_t K) {
   switch (K) {
-    case 1: return move_block_k<TO_COLUMNS, T, 1>(src, dst, R);
-    case 2: return move_block_k<TO_COLUMNS, T, 2>(src, dst, R);
-    case 3: return move_block_k<TO_COLUMNS, T, 3>(src, dst, R);
-    case 4: return move_block_k<TO_COLUMNS, T, 4>(src, dst, R);
-    default:
-      for (int64_t r = 0; r < R; ++r) {
-        for (int64_t i = 0; i < K; ++i) {
-          if constexpr (TO_COLUMNS) {
-            dst[i * kLanesRows + r] = src[r * K + i];
-          } else {
-            dst[r * K + i] = src[i * kLanesRows + r];
-          }
-        }
-      }
+    case 1: return move_rows<TO_COLUMNS>(src, dst, R, std::integral_constant<int64_t, 1>{});
+    case 2: return move_rows<TO_COLUMNS>(src, dst, R, std::integral_constant<int64_t, 2>{});
+    case 3: return move_rows<TO_COLUMNS>(src, dst, R, std::integral_constant<int64_t, 3>{});
+    case 4: return move_rows<TO_COLUMNS>(src, dst, R, std::integral_constant<int64_t, 4>{});
+    default: return move_rows<TO_COLUMNS>(src, dst, R, K);
   }
 }
 
