@@ -12,7 +12,8 @@
 // The same pattern serves every unit of this family: iNALU's sign-recovery product
 // msv = prod_i (sign(x_i) |W_m[i, o]| + 1 - |W_m[i, o]|) is an NMU product of sign(x) and |W_m|,
 // and NRU/NMRU are products of other factor maps. A new unit needs only its factor and derivative
-// functions here; `exclusive_products` below (host, vectorised over rows) and `warp_exclusive_products` in
+// functions here; `exclusive_products` in csrc/cpu/kernels/product.h (host, vectorised over rows,
+// compiled per instruction set with the kernels that call it) and `warp_exclusive_products` in
 // csrc/cuda/units_cuda_kernels.cu (device: one warp per product, exact for zero factors, in a fixed
 // order) are written against a factor functor and a visitor and can be reused as they are.
 #pragma once
@@ -38,32 +39,6 @@ NALU_HD A nmu_dfactor_dw(A /*w*/, A x) {
   return x - A(1);
 }
 
-#if !defined(__CUDACC__)
-// Exclusive products on the host, for R independent products at once (R rows of a batch, the
-// lanes of the vector loops): calls visit(i, E) for i = 0..n-1 in order, E[r] = prod_{k < i}
-// f(k, r) * prod_{k > i} f(k, r). `suffix` is scratch of (n + 1) R values. f(k, r) is evaluated
-// twice (once per sweep), so it reads its inputs rather than needing (n, R) storage; the R
-// products are independent, so each sweep is a vector loop over r.
-template <int R, typename A, typename Factor, typename Visit>
-inline void exclusive_products(int64_t n, A* suffix, Factor f, Visit visit) {
-  for (int r = 0; r < R; ++r) suffix[n * R + r] = A(1);
-  for (int64_t i = n - 1; i >= 0; --i) {
-    A* s = suffix + i * R;
-#pragma omp simd
-    for (int r = 0; r < R; ++r) s[r] = s[R + r] * f(i, r);
-  }
-  A prefix[R], excl[R];
-  for (int r = 0; r < R; ++r) prefix[r] = A(1);
-  for (int64_t i = 0; i < n; ++i) {
-    const A* s = suffix + (i + 1) * R;
-#pragma omp simd
-    for (int r = 0; r < R; ++r) excl[r] = prefix[r] * s[r];
-    visit(i, excl);
-#pragma omp simd
-    for (int r = 0; r < R; ++r) prefix[r] = prefix[r] * f(i, r);
-  }
-}
-#endif
 
 }  // namespace math
 }  // namespace nalu_cuda

@@ -15,17 +15,6 @@ namespace nalu_cuda {
 namespace cpu {
 namespace {
 
-const std::vector<at::ScalarType>& cpu_dtypes() {
-  static const std::vector<at::ScalarType> kTypes{at::kFloat, at::kDouble};
-  return kTypes;
-}
-
-#ifdef NALU_CPU_HAVE_AVX2
-#define NALU_CPU_CALL(fn, ...) (use_avx2() ? avx2::fn(__VA_ARGS__) : base::fn(__VA_ARGS__))
-#else
-#define NALU_CPU_CALL(fn, ...) base::fn(__VA_ARGS__)
-#endif
-
 // The CPU device of the ops' entry points (csrc/layer_ops.h).
 struct Cpu {
   static void check_input(const char* op, const char* name, const at::Tensor& t) {
@@ -50,6 +39,11 @@ struct Cpu {
 };
 
 }  // namespace
+
+const std::vector<at::ScalarType>& cpu_dtypes() {
+  static const std::vector<at::ScalarType> kTypes{at::kFloat, at::kDouble};
+  return kTypes;
+}
 
 bool use_avx2() {
 #ifdef NALU_CPU_HAVE_AVX2

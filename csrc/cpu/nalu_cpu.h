@@ -27,6 +27,7 @@
 #include "../blas_path.h"
 #include "../nalu_layer.h"
 #include "../nalu_math.h"
+#include "../product_math.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define NALU_CPU_HAVE_AVX2 1
@@ -46,6 +47,10 @@ namespace cpu {
   at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat);                            \
   std::tuple<at::Tensor, at::Tensor> weight_backward(const at::Tensor& grad_W, const at::Tensor& W_hat, \
                                                      const at::Tensor& M_hat);                     \
+  at::Tensor nmu_forward(const LayerShape& s, const at::Tensor& x, const at::Tensor& W);          \
+  std::tuple<at::Tensor, at::Tensor> nmu_backward(const LayerShape& s, const at::Tensor& grad_y,  \
+                                                  const at::Tensor& x, const at::Tensor& W,       \
+                                                  bool compute_grad_x);                           \
   }
 
 NALU_CPU_DECLARE_KERNELS(base)
@@ -56,6 +61,16 @@ NALU_CPU_DECLARE_KERNELS(avx2)
 // Whether to run the AVX2 + FMA code: the processor has it and NALU_CUDA_CPU_ISA is not "base"
 // (decided once per process).
 bool use_avx2();
+
+// fn(args...) of the best instruction set's kernels.
+#ifdef NALU_CPU_HAVE_AVX2
+#define NALU_CPU_CALL(fn, ...) (::nalu_cuda::cpu::use_avx2() ? avx2::fn(__VA_ARGS__) : base::fn(__VA_ARGS__))
+#else
+#define NALU_CPU_CALL(fn, ...) base::fn(__VA_ARGS__)
+#endif
+
+// The dtypes of every CPU kernel: float32 and float64.
+const std::vector<at::ScalarType>& cpu_dtypes();
 
 }  // namespace cpu
 }  // namespace nalu_cuda

@@ -34,3 +34,4 @@
 #include "kernels/lanes.h"    // lanes variant (rowwise layers with few inputs)
 #include "kernels/blas.h"     // blas path (wider layers: elementwise steps around blas_path.h)
 #include "kernels/drivers.h"  // layer_forward, layer_backward, weight, weight_backward
+#include "kernels/product.h"  // nmu_forward, nmu_backward (the NMU; independent of the parts above)

@@ -39,6 +39,7 @@
 #include "../nalu_layer.h"
 #include "../power_layer.h"
 #include "../power_math.h"
+#include "nalu_cpu.h"  // cpu_dtypes()
 
 namespace nalu_cuda {
 namespace cpu {
@@ -50,11 +51,6 @@ namespace pm = nalu_cuda::math;
 
 constexpr int64_t kGrainWork = 32768;
 int64_t grain_for(int64_t work_per_item) { return std::max<int64_t>(1, kGrainWork / std::max<int64_t>(1, work_per_item)); }
-
-const std::vector<at::ScalarType>& cpu_dtypes() {
-  static const std::vector<at::ScalarType> kTypes{at::kFloat, at::kDouble};
-  return kTypes;
-}
 
 // Calls f.template operator()<T>() with T = float or double (checked before): the loops hold
 // `#pragma omp simd`, which cannot sit inside the argument of the AT_DISPATCH macros.
