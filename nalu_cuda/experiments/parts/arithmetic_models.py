@@ -43,6 +43,7 @@ learned initial state (zeros at initialisation), and the second layer reads the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
@@ -55,6 +56,7 @@ from nalu_cuda import reference
 from nalu_cuda import regularizers as R
 
 from .layers import EnsembleLinear, GatedCell, Generators, lead_shape
+from .optim import FlatRMSProp
 from .seeding import member_generators  # noqa: F401  (re-exported: the tasks' one seeding function)
 
 __all__ = [
@@ -63,6 +65,8 @@ __all__ = [
     "ARITHMETIC_UNITS",
     "ArithmeticUnit",
     "training_hooks",
+    "default_lr",
+    "INALU_ALTERNATE",
     "regularizer_schedule",
     "MODEL_ALIASES",
     "MLP_MODELS",
@@ -155,7 +159,10 @@ class ArithmeticUnit:
     replace it); with ``penalty_below`` it applies only to members whose batch loss is below that.
     ``project``: call ``project_()`` of every layer that has one after each optimiser step.
     ``clip_value``: clip every gradient element to ``[-clip_value, clip_value]``. ``reinit``:
-    re-draw the parameters of the members whose loss stalled (iNALU's rule).
+    re-draw the parameters of the members whose loss stalled (iNALU's rule). ``rmsprop``: train
+    with the authors' optimiser instead of Adam: :class:`~.optim.FlatRMSProp` at learning rate
+    ``lr``, 8 of every 10 steps on the weights and 2 on the gate, and the penalty minimised in
+    extra steps of its own (weights, then gate) instead of being added to the loss (iNALU).
     """
 
     layer: Callable[..., nn.Module]
@@ -165,6 +172,8 @@ class ArithmeticUnit:
     project: bool = False
     clip_value: Optional[float] = None
     reinit: bool = False
+    rmsprop: bool = False
+    lr: Optional[float] = None
 
 
 def _nac(i: int, o: int, *, ensemble, backend: str, eps: float, last: bool) -> nn.Module:
@@ -228,7 +237,7 @@ ARITHMETIC_UNITS: Dict[str, ArithmeticUnit] = {
     "npu": ArithmeticUnit(_nau_then(nalu_cuda.NPU), _npu_l1, R.PUBLISHED_SCHEDULES["npu"], project=True),
     "realnpu": ArithmeticUnit(_nau_then(nalu_cuda.RealNPU), _npu_l1, R.PUBLISHED_SCHEDULES["npu"], project=True),
     "inalu": ArithmeticUnit(_inalu, _inalu_penalty, INALU_SCHEDULE, penalty_below=1.0, clip_value=0.1,
-                            reinit=True),
+                            reinit=True, rmsprop=True, lr=1e-2),
 }
 MODEL_ALIASES = {"nau-nau": "nau"}
 ARITHMETIC_MODELS = tuple(ARITHMETIC_UNITS)
@@ -282,7 +291,24 @@ def training_hooks(model: nn.Module, reg: Optional[Dict[str, Optional[float]]] =
                     R.inalu_reinitialize_(m, [e], generator=gen)
 
         hooks["reinit"] = reinit
+    if unit.rmsprop:
+        layers = [m for m in model.modules() if isinstance(m, nalu_cuda.INALU)]
+        parts = {"weights": [p for m in layers for p in (m.W_hat, m.M_hat, m.W_hat_m, m.M_hat_m)],
+                 "gate": [m.G for m in layers]}
+        hooks["optimizer"] = functools.partial(FlatRMSProp, parts=parts, alternate=INALU_ALTERNATE)
+        hooks["regularizer_steps"] = ("weights", "gate")
     return hooks
+
+
+# iNALU's published runs: of every 10 steps, the first 8 update the weights and the last 2 the gate.
+INALU_ALTERNATE = (8, 10, "weights", "gate")
+
+
+def default_lr(model: str, adam_lr: float) -> float:
+    """The learning rate ``model`` trains with when none is given: its own optimiser's published
+    one (iNALU's RMSProp: 1e-2), else the task's Adam default ``adam_lr``."""
+    unit = ARITHMETIC_UNITS.get(model)
+    return unit.lr if unit is not None and unit.lr is not None else adam_lr
 
 
 def regularizer_schedule(model: str, reg: Optional[Dict[str, Optional[float]]] = None) -> Optional[Schedule]:

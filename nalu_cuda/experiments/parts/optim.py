@@ -5,16 +5,18 @@ flat buffer, on CPU one fused native pass per step (``csrc/training/flat_adam.cp
 freezes diverged members, on CUDA two kernel launches for the device-resident step
 (``csrc/training/flat_adam_cuda.cu``); optionally a learning rate per parameter group and per
 member, and gradient-norm clipping per member (the sequence tasks use both).
+:class:`FlatRMSProp` is the same buffers with TensorFlow 1's RMSProp, the update iNALU's published
+runs use, including their alternation of weight and gate steps.
 """
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-__all__ = ["FlatAdam"]
+__all__ = ["FlatAdam", "FlatRMSProp"]
 
 
 LearningRate = Union[float, Sequence[float]]
@@ -265,6 +267,126 @@ class FlatAdam:
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
         self.step_count = int(state["step"])
         self._step_t = None
+
+
+class FlatRMSProp(FlatAdam):
+    """TensorFlow 1's ``RMSPropOptimizer`` (no momentum, not centred) over :class:`FlatAdam`'s flat
+    buffers: ``ms <- ms + (1 - decay) (g^2 - ms)``, ``p <- p - lr g / sqrt(ms + eps)``, with ``ms``
+    starting at 1 and ``eps`` inside the square root, as iNALU's published runs train
+    (daschloer/inalu: lr 0.01, decay 0.9, eps 1e-10; UNITS.md).
+
+    ``parts``: named groups of parameters ``{name: [tensors]}`` (every parameter in at most one);
+    :meth:`step` with ``part=name`` updates only that group, as the authors' separate
+    ``apply_gradients`` over one ``var_list`` do (the other parameters' ``ms`` stay as they are).
+    ``alternate=(k, n, first, second)``: a step without ``part`` updates ``first`` in the first
+    ``k`` of every ``n`` steps (counted from 0) and ``second`` in the others (iNALU: 8 of 10 steps
+    the weights, 2 the gate). ``members`` ``(E,)`` (with ``ensemble``): only those members move.
+    The update runs as tensor ops (there is no fused native kernel for it); frozen members and
+    clipping as in :class:`FlatAdam`. A member's moments "restart" (:meth:`reset_moments`) at
+    ``ms = 1``.
+    """
+
+    def __init__(self, params, lr: LearningRate = 1e-2, decay: float = 0.9, eps: float = 1e-10, *,
+                 ensemble: Optional[int] = None, clip: Optional[float] = None,
+                 parts: Optional[Dict[str, Sequence[Tensor]]] = None,
+                 alternate: Optional[Tuple[int, int, str, str]] = None):
+        super().__init__(params, lr, betas=(0.0, decay), eps=eps, ensemble=ensemble, clip=clip)
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"FlatRMSProp: decay must be in [0, 1), got {decay}")
+        self.decay = decay
+        self.exp_avg_sq.fill_(1.0)  # TF1's "rms" slot starts at ones
+        self.exp_avg = torch.zeros(0, dtype=self.flat.dtype, device=self.flat.device)  # no first moment
+        self.part_masks: Dict[str, Tensor] = {}
+        where = {id(p): (off, k) for p, (off, k, _) in zip(self.params, self._views)}
+        for name, tensors in (parts or {}).items():
+            mask = torch.zeros(self.flat.numel(), dtype=torch.bool, device=self.flat.device)
+            for t in tensors:
+                if id(t) not in where:
+                    raise ValueError(f"FlatRMSProp: part {name!r} holds a tensor that is not one of the parameters")
+                off, k = where[id(t)]
+                mask[off:off + k] = True
+            self.part_masks[name] = mask
+        if alternate is not None:
+            k, n, first, second = alternate
+            if not 0 < k < n or first not in self.part_masks or second not in self.part_masks:
+                raise ValueError(f"FlatRMSProp: alternate must be (k, n, part, part) with 0 < k < n and named parts, "
+                                 f"got {alternate!r} with parts {sorted(self.part_masks)}")
+        self.alternate = alternate
+        self._member_of = None
+        if ensemble is not None:
+            self._member_of = torch.cat([torch.arange(ensemble, device=self.flat.device).repeat_interleave(k // ensemble)
+                                         for _, k, _ in self._views])
+
+    def _native_step(self, E: int):
+        return None
+
+    def _resident_native(self, E: int):
+        return None
+
+    def reset_moments(self, members: Union[Tensor, List[int]]) -> None:
+        """The RMS accumulator of ``members`` (a mask ``(E,)`` or a list of indices) back to 1."""
+        E = members.numel() if isinstance(members, Tensor) else self.ensemble
+        for off, k, _ in self._views:
+            seg = self.exp_avg_sq[off:off + k].view(E, -1)
+            if isinstance(members, Tensor):
+                seg.masked_fill_(members.to(seg.device).unsqueeze(1), 1.0)
+            else:
+                seg[members] = 1.0
+
+    def part_at(self, step_index: int) -> Optional[str]:
+        """The part :meth:`step` updates at the 0-based step ``step_index`` (None: every parameter)."""
+        if self.alternate is None:
+            return None
+        k, n, first, second = self.alternate
+        return first if step_index % n < k else second
+
+    @torch.no_grad()
+    def step(self, part: Optional[str] = None, members: Optional[Tensor] = None) -> None:
+        """One update. Without ``part`` the alternation (if any) picks it from the step count;
+        only counted steps (those without ``part``) advance the alternation."""
+        if self.clip is not None:
+            self.clip_grad_norm_()
+        if part is None:
+            part = self.part_at(self.step_count)
+            self.step_count += 1
+        elif part not in self.part_masks:
+            raise ValueError(f"FlatRMSProp.step: unknown part {part!r}; parts: {sorted(self.part_masks)}")
+        g = self.grad
+        mask = None if part is None else self.part_masks[part]
+        if members is not None:
+            if self._member_of is None:
+                raise ValueError("FlatRMSProp.step: members needs ensemble=E")
+            m = members.to(self.flat.device)[self._member_of]
+            mask = m if mask is None else mask & m
+        new_ms = self.exp_avg_sq + (g * g - self.exp_avg_sq) * (1.0 - self.decay)
+        lr = self.lr if self.lr_flat is None else self.lr_flat
+        update = g * lr / (new_ms + self.eps).sqrt()
+        if mask is None:
+            self.exp_avg_sq.copy_(new_ms)
+            self.flat.sub_(update)
+        else:
+            self.exp_avg_sq.copy_(torch.where(mask, new_ms, self.exp_avg_sq))
+            self.flat.sub_(torch.where(mask, update, torch.zeros_like(update)))
+
+    @torch.no_grad()
+    def step_resident(self, frozen: Tensor) -> Tensor:
+        """:meth:`FlatAdam.step_resident`'s freezing, then :meth:`step` (the alternation reads the
+        host's step count, so this step cannot be captured in a CUDA graph)."""
+        E = frozen.numel()
+        grads = self._member_grads(E)
+        nonfinite = ~torch.stack([torch.isfinite(g).all(1) for g in grads], 1).all(1)
+        drop = (frozen | nonfinite).unsqueeze(1)
+        for g in grads:
+            g.masked_fill_(drop, 0.0)
+        self.step()
+        return nonfinite
+
+    def state_dict(self) -> dict:
+        return {"exp_avg_sq": self.exp_avg_sq.clone(), "step": self.step_count, "lr": self.lr}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.exp_avg_sq.copy_(state["exp_avg_sq"])
+        self.step_count = int(state["step"])
 
 
 def _groups(params, lr: LearningRate) -> List[dict]:

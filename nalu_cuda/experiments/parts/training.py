@@ -3,7 +3,7 @@
 :func:`train_ensemble` is the toolkit's one training loop, for the arithmetic tasks (MSE on
 ``batch_fn`` batches, validation on an :class:`EvalSet`) and the sequence tasks (any per-member
 loss from ``step_loss``, validation from ``validate``) alike. It runs Adam
-(:class:`~.optim.FlatAdam`) on the sum of the members' losses (so every member gets exactly the
+(:class:`~.optim.FlatAdam`; iNALU: its published RMSProp, :class:`~.optim.FlatRMSProp`) on the sum of the members' losses (so every member gets exactly the
 gradient of its own loss: members never mix, and Adam is elementwise), and keeps, per member:
 
 * divergence: a member whose loss or gradients go NaN/Inf is marked diverged, its gradients are
@@ -214,6 +214,8 @@ def train_ensemble(
     stall_min_steps: int = 10_000,
     resident: bool = False,
     graph: bool = False,
+    optimizer: Optional[Callable[..., FlatAdam]] = None,
+    regularizer_steps: Sequence[str] = (),
 ) -> TrainResult:
     """Train the ensemble ``model`` for ``steps`` Adam steps.
 
@@ -240,6 +242,12 @@ def train_ensemble(
     the members whose training loss stalled (iNALU's rule, :func:`nalu_cuda.regularizers.inalu_stalled`,
     applied at each evaluation to the mean losses of the evaluation windows since the member's last
     re-initialisation, over at least ``stall_min_steps`` steps); their Adam moments restart at 0.
+    ``optimizer(params, lr, ensemble=E, clip=clip)`` builds the optimiser when ``opt`` is not given
+    (default :class:`FlatAdam`; iNALU: :class:`~.optim.FlatRMSProp`). ``regularizer_steps``: names
+    of the optimiser's parts (:class:`~.optim.FlatRMSProp`); the penalty is then not added to the
+    training loss but, after each step, minimised on its own in one extra step per part, in that
+    order, by the members whose penalty is not zero (iNALU's published runs: the weights, then the
+    gate; clipping by ``clip_value`` applies to them too).
 
     ``resident``: the device-resident step (:class:`_ResidentStep`): ``batch_fn`` gets the step as a
     0-dim int64 tensor on the training device (e.g. :class:`~.counter_stream.CounterStream`), and
@@ -260,11 +268,17 @@ def train_ensemble(
     if graph and (regularizer is not None or lr_milestones or reinit is not None):
         raise ValueError("train_ensemble: graph=True cannot take a regularizer, lr_milestones or reinit (host-side "
                          "schedules and re-initialisation); run with graph=False")
+    if regularizer_steps and graph:
+        raise ValueError("train_ensemble: regularizer_steps cannot run under graph=True (they read the penalty on the host)")
     ctx = ctx or Context(device="cpu", work_dir=".", progress=False)
     if opt is None:
-        opt = FlatAdam(model.parameters(), lr, ensemble=E, clip=clip)
+        opt = (optimizer or FlatAdam)(model.parameters(), lr, ensemble=E, clip=clip)
     elif clip is not None:
         raise ValueError("train_ensemble: clip is the optimiser's (FlatAdam(clip=...)) when opt is given")
+    parts = getattr(opt, "part_masks", {})
+    if any(part not in parts for part in regularizer_steps):
+        raise ValueError(f"train_ensemble: regularizer_steps {tuple(regularizer_steps)} must name parts of the optimiser "
+                         f"(FlatRMSProp(parts=...)); it has {sorted(parts) or 'none'}")
     base_lr = opt.lr
     params = opt.params
     val_name = val.name if val is not None else "val_loss"
@@ -358,11 +372,27 @@ def train_ensemble(
         err = (model(x) - target).reshape(E, -1)
         return (err * err).mean(1)
 
+    def penalty_steps(step: int, loss: Tensor) -> None:
+        """``regularizer_steps``: one step per part on the penalty alone, for the members it applies to."""
+        for part in regularizer_steps:
+            penalty = regularizer(step, loss)
+            if penalty is None:
+                return
+            active = (penalty.detach() != 0) & torch.isfinite(penalty.detach()) & ~diverged
+            if not bool(active.any()):
+                return
+            opt.zero_grad()
+            torch.where(active, penalty, torch.zeros_like(penalty)).sum().backward()
+            opt.gather_grads()
+            if clip_value is not None:
+                opt.grad.clamp_(-clip_value, clip_value)
+            opt.step(part=part, members=active)
+
     def _eager_step(step: int) -> None:
         """One step (the default path, bit for bit the published runs')."""
         nonlocal diverged
         loss = training_loss(step)
-        penalty = None if regularizer is None else regularizer(step, loss.detach())
+        penalty = None if regularizer is None or regularizer_steps else regularizer(step, loss.detach())
         objective = loss if penalty is None else loss + penalty
         bad = ~torch.isfinite(objective.detach())
         diverged |= bad
@@ -376,6 +406,8 @@ def train_ensemble(
         # so is every member that goes NaN/Inf, from its first bad step.
         frozen = diverged if any_diverged else no_member
         diverged |= opt.step_ensemble(frozen, freeze_nonfinite=any_diverged)
+        if regularizer_steps and regularizer is not None:
+            penalty_steps(step, loss.detach())
         if project is not None:
             with torch.no_grad():
                 project()
@@ -386,7 +418,7 @@ def train_ensemble(
         x, target = batch_fn(data_step)
         err = (model(x) - target).reshape(E, -1)
         loss = (err * err).mean(1)
-        penalty = None if regularizer is None else regularizer(step, loss.detach())
+        penalty = None if regularizer is None or regularizer_steps else regularizer(step, loss.detach())
         objective = loss if penalty is None else loss + penalty
         diverged.bitwise_or_(~torch.isfinite(objective.detach()))
         total = torch.where(diverged, torch.zeros_like(objective), objective).sum()
@@ -395,6 +427,8 @@ def train_ensemble(
         if clip_value is not None:
             opt.grad.clamp_(-clip_value, clip_value)
         diverged.bitwise_or_(opt.step_resident(diverged))
+        if regularizer_steps and regularizer is not None:
+            penalty_steps(step, loss.detach())
         if project is not None:
             with torch.no_grad():
                 project()

@@ -27,7 +27,7 @@ from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_results import final_errors, member_records, per_op_summaries, run_members
 from ..parts.arithmetic_models import (resident_graph, RECURRENT_MODELS, build_recurrent_model, check_model, member_generators,
-                                       regularizer_schedule, training_hooks)
+                                       default_lr, regularizer_schedule, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
 from ..plugin import register_task
 from ..registry import Config, ConfigResult, Context, RunOutput
@@ -82,6 +82,8 @@ def recurrent_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, 
         raise ValueError(f"--steps must be at least 1, got {steps}")
     p = dict(DEFAULTS)
     p.update({k: v for k, v in params.items() if v is not None})
+    if params.get("lr") is None:
+        p["lr"] = default_lr(model, DEFAULTS["lr"])
     interp, extrap = ar.as_range(p["interp"], "interpolation range"), ar.as_range(p["extrap"], "extrapolation range")
     if p["extrap_length"] <= p["train_length"] and interp.contains(extrap):
         raise ValueError(f"extrapolation (range {extrap}, length {p['extrap_length']}) lies inside training "
@@ -213,7 +215,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="input range of the extrapolation test (default: the --interp range)")
     parser.add_argument("--train-length", type=positive_int, default=DEFAULTS["train_length"], help="default: 10")
     parser.add_argument("--extrap-length", type=positive_int, default=DEFAULTS["extrap_length"], help="default: 1000")
-    parser.add_argument("--lr", type=positive_float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-3)")
+    parser.add_argument("--lr", type=positive_float, default=None,
+                        help="learning rate (default: 1e-3 for Adam; iNALU: 1e-2, its published RMSProp)")
     parser.add_argument("--eval-every", type=positive_int, default=DEFAULTS["eval_every"], help="default: 1000")
     parser.add_argument("--clip", type=positive_float, default=None,
                         help="per-member gradient-norm clipping (default: none)")

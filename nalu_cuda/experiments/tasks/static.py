@@ -28,7 +28,7 @@ from ...cli import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_results import final_errors, member_records, run_members
 from ..parts.arithmetic_models import (resident_graph, ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model,
-                                       member_generators, regularizer_schedule, training_hooks)
+                                       member_generators, default_lr, regularizer_schedule, training_hooks)
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
 from ..plugin import register_task
 from ..registry import Config, Context, RunOutput
@@ -105,6 +105,8 @@ def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, nam
     if unknown:
         raise ValueError(f"unknown static parameters {sorted(unknown)}")
     p.update({k: v for k, v in params.items() if v is not None})
+    if params.get("lr") is None:
+        p["lr"] = default_lr(model, DEFAULTS["lr"])
     interp = ar.as_range(p["interp"], "interpolation range")
     extrap = ar.as_range(p["extrap"], "extrapolation range")
     if interp.contains(extrap):
@@ -278,7 +280,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="extrapolation test range: LO HI [LO HI ...] (default: 2 6)")
     parser.add_argument("--range-stress", action="store_true",
                         help="run Madsen & Johansen's range stress list instead of --interp/--extrap")
-    parser.add_argument("--lr", type=positive_float, default=DEFAULTS["lr"], help="Adam learning rate (default: 1e-3)")
+    parser.add_argument("--lr", type=positive_float, default=None,
+                        help="learning rate (default: 1e-3 for Adam; iNALU: 1e-2, its published RMSProp)")
     parser.add_argument("--hidden", type=positive_int, default=DEFAULTS["hidden"], help="hidden size (default: 2)")
     parser.add_argument("--batch", type=positive_int, default=DEFAULTS["batch"], help="batch size (default: 128)")
     parser.add_argument("--eval-every", type=positive_int, default=DEFAULTS["eval_every"],
