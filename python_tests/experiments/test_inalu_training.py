@@ -70,7 +70,9 @@ def test_flat_rmsprop_alternates_parts_and_masks_members():
         FlatRMSProp([w], 0.01, ensemble=E, parts={"gate": [g]})
 
 
-def _inalu_run(tmp_path, steps, regularizer=None, E=2, **hooks_over):
+def _inalu_run(tmp_path, steps, regularizer=None, E=2):
+    """Train iNALU -> iNALU with its hooks (no re-initialisation) on a * b of subsets of 6 inputs;
+    ``regularizer(net)``: the regulariser hook to use instead of the published one."""
     torch.manual_seed(3)
     net = am.build_static_model("inalu", 6, 2, ensemble=E)
     net.reset_parameters(am.member_generators(range(E)))
@@ -78,9 +80,8 @@ def _inalu_run(tmp_path, steps, regularizer=None, E=2, **hooks_over):
     t = x[..., :3].sum(-1, keepdim=True) * x[..., 3:].sum(-1, keepdim=True)
     hooks = am.training_hooks(net, None, list(range(E)))
     hooks.pop("reinit")
-    hooks.update(hooks_over)
     if regularizer is not None:
-        hooks["regularizer"] = regularizer
+        hooks["regularizer"] = regularizer(net)
     res = train_ensemble(net, E, lambda step: (x, t), steps, EvalSet("valid", x[0], t), eval_every=max(1, steps),
                          lr=0.01, ctx=Context(device="cpu", work_dir=str(tmp_path), progress=False), **hooks)
     return net, res
@@ -99,7 +100,7 @@ def test_inalu_trains_with_its_published_optimiser(tmp_path):
     assert static.static_config("nmu", ["mul"], 2, 10).params["lr"] == 1e-3
     nets = {}
     for steps in (0, 8, 10):
-        nets[steps], _ = _inalu_run(tmp_path / str(steps), steps if steps else 1, regularizer=lambda s, l: None)
+        nets[steps], _ = _inalu_run(tmp_path / str(steps), steps if steps else 1, regularizer=lambda net: lambda s, l: None)
     # (a 1-step run for "0": step 0 of the alternation updates the weights only)
     g0 = [m.G.detach() for m in nets[0].net]
     assert all(torch.equal(a, m.G) for a, m in zip(g0, nets[8].net))
@@ -110,30 +111,21 @@ def test_inalu_trains_with_its_published_optimiser(tmp_path):
 def test_inalu_regulariser_runs_as_extra_steps_for_its_members(tmp_path):
     """The penalty is not added to the loss: members it applies to take extra steps on it alone,
     the others train exactly as without it."""
-    def member0_only(step, loss):
-        pen = sum(nalu_cuda.regularizers.inalu_regularizer(m, ensemble=True) for m in net_ref[0].net)
-        return torch.where(torch.tensor([True, False]), pen, torch.zeros_like(pen))
+    def member0_only(net):
+        def regularizer(step, loss):
+            pen = sum(nalu_cuda.regularizers.inalu_regularizer(m, ensemble=True) for m in net.net)
+            return torch.where(torch.tensor([True, False]), pen, torch.zeros_like(pen))
+        return regularizer
 
-    net_ref = [None]
-    plain, _ = _inalu_run(tmp_path / "a", 12, regularizer=lambda s, l: None)
-
-    # the regulariser reads the model being trained: build it first, then train with the hook
-    torch.manual_seed(3)
-    net = am.build_static_model("inalu", 6, 2, ensemble=2)
-    net_ref[0] = net
-    net.reset_parameters(am.member_generators(range(2)))
-    x = torch.rand(2, 32, 6) + 1
-    t = x[..., :3].sum(-1, keepdim=True) * x[..., 3:].sum(-1, keepdim=True)
-    hooks = am.training_hooks(net, None, [0, 1])
-    hooks.pop("reinit")
-    hooks["regularizer"] = member0_only
-    train_ensemble(net, 2, lambda step: (x, t), 12, EvalSet("valid", x[0], t), eval_every=12, lr=0.01,
-                   ctx=Context(device="cpu", work_dir=str(tmp_path / "b"), progress=False), **hooks)
+    plain, _ = _inalu_run(tmp_path / "a", 12, regularizer=lambda net: lambda s, l: None)
+    net, _ = _inalu_run(tmp_path / "b", 12, regularizer=member0_only)
     for a, b in zip(plain.net, net.net):
         for name in ("W_hat", "M_hat", "W_hat_m", "M_hat_m", "G"):
             pa, pb = getattr(a, name), getattr(b, name)
             assert torch.equal(pa[1], pb[1]), name          # member 1: untouched by the penalty
     assert not torch.equal(plain.net[0].W_hat[0], net.net[0].W_hat[0])  # member 0: extra steps
+    x = torch.rand(2, 4, 6) + 1
     with pytest.raises(ValueError, match="must name parts of the optimiser"):
-        train_ensemble(net, 2, lambda step: (x, t), 1, EvalSet("valid", x[0], t), regularizer_steps=("weights",),
-                       regularizer=member0_only, ctx=Context(device="cpu", work_dir=str(tmp_path / "c"), progress=False))
+        train_ensemble(net, 2, lambda step: (x, x[..., :1]), 1, EvalSet("valid", x[0], x[..., :1]),
+                       regularizer_steps=("weights",), regularizer=member0_only(net),
+                       ctx=Context(device="cpu", work_dir=str(tmp_path / "c"), progress=False))

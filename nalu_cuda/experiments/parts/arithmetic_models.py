@@ -274,27 +274,25 @@ def training_hooks(model: nn.Module, reg: Optional[Dict[str, Optional[float]]] =
 
         hooks["regularizer"] = regularizer
     if unit.project:
-        layers = [m for m in model.modules() if isinstance(m, (nalu_cuda.NAU, nalu_cuda.NMU, nalu_cuda.NPU))]
-        hooks["project"] = lambda: [m.project_() for m in layers]
+        projected = [m for m in model.modules() if isinstance(m, (nalu_cuda.NAU, nalu_cuda.NMU, nalu_cuda.NPU))]
+        hooks["project"] = lambda: [m.project_() for m in projected]
     if unit.clip_value is not None:
         hooks["clip_value"] = unit.clip_value
+    inalus = [m for m in model.modules() if isinstance(m, nalu_cuda.INALU)]
     if unit.reinit:
-        layers = [m for m in model.modules() if isinstance(m, nalu_cuda.INALU)]
-
         if seeds is None:
             raise ValueError(f"training_hooks: model {model.model!r} re-initialises stalled members and needs 'seeds'")
 
         def reinit(members: List[int], step: int) -> None:
             gens = member_generators([seeds[e] for e in members], f"reinit-{step}")
             for e, gen in zip(members, gens):
-                for m in layers:
+                for m in inalus:
                     R.inalu_reinitialize_(m, [e], generator=gen)
 
         hooks["reinit"] = reinit
     if unit.rmsprop:
-        layers = [m for m in model.modules() if isinstance(m, nalu_cuda.INALU)]
-        parts = {"weights": [p for m in layers for p in (m.W_hat, m.M_hat, m.W_hat_m, m.M_hat_m)],
-                 "gate": [m.G for m in layers]}
+        parts = {"weights": [p for m in inalus for p in (m.W_hat, m.M_hat, m.W_hat_m, m.M_hat_m)],
+                 "gate": [m.G for m in inalus]}
         hooks["optimizer"] = functools.partial(FlatRMSProp, parts=parts, alternate=INALU_ALTERNATE)
         hooks["regularizer_steps"] = ("weights", "gate")
     return hooks

@@ -183,13 +183,18 @@ class FlatAdam:
             self.step_count += 1
             return fn(self.flat, self.grad, self.exp_avg, self.exp_avg_sq, segs, frozen.contiguous(),
                       freeze_nonfinite, self.lr, self.beta1, self.beta2, self.eps, self.step_count)
-        grads = self._member_grads(E)
-        nonfinite = ~torch.stack([torch.isfinite(g).all(1) for g in grads], 1).all(1)
-        mask = frozen | nonfinite if freeze_nonfinite else frozen
-        if freeze_nonfinite or bool(frozen.any()):
-            for g in grads:
-                g.masked_fill_(mask.unsqueeze(1), 0.0)
+        nonfinite = self._zero_frozen_grads(frozen, freeze_nonfinite)
         self.step()
+        return nonfinite
+
+    def _zero_frozen_grads(self, frozen: Tensor, freeze_nonfinite: bool) -> Tensor:
+        """Zeroes the gradients of the members in ``frozen`` (E,) and, with ``freeze_nonfinite``, of
+        the members whose gradient has a NaN or Inf; returns the latter ``(E,)``."""
+        grads = self._member_grads(frozen.numel())
+        nonfinite = ~torch.stack([torch.isfinite(g).all(1) for g in grads], 1).all(1)
+        drop = (frozen | nonfinite if freeze_nonfinite else frozen).unsqueeze(1)
+        for g in grads:
+            g.masked_fill_(drop, 0.0)
         return nonfinite
 
     # step_resident takes the CUDA kernel where it applies; False (on an instance) keeps the tensor ops.
@@ -234,11 +239,7 @@ class FlatAdam:
             fn, segs = native
             return fn(self.flat, self.grad, self.exp_avg, self.exp_avg_sq, segs, frozen.contiguous(), self._step_t,
                       self.lr, self.beta1, self.beta2, self.eps)
-        grads = self._member_grads(E)
-        nonfinite = ~torch.stack([torch.isfinite(g).all(1) for g in grads], 1).all(1)
-        drop = (frozen | nonfinite).unsqueeze(1)
-        for g in grads:
-            g.masked_fill_(drop, 0.0)
+        nonfinite = self._zero_frozen_grads(frozen, True)
         if self.clip is not None:
             self.clip_grad_norm_()
         self._step_t += 1
@@ -370,16 +371,9 @@ class FlatRMSProp(FlatAdam):
 
     @torch.no_grad()
     def step_resident(self, frozen: Tensor) -> Tensor:
-        """:meth:`FlatAdam.step_resident`'s freezing, then :meth:`step` (the alternation reads the
-        host's step count, so this step cannot be captured in a CUDA graph)."""
-        E = frozen.numel()
-        grads = self._member_grads(E)
-        nonfinite = ~torch.stack([torch.isfinite(g).all(1) for g in grads], 1).all(1)
-        drop = (frozen | nonfinite).unsqueeze(1)
-        for g in grads:
-            g.masked_fill_(drop, 0.0)
-        self.step()
-        return nonfinite
+        """:meth:`step_ensemble` freezing non-finite members too (the alternation reads the host's
+        step count, so this step cannot be captured in a CUDA graph)."""
+        return self.step_ensemble(frozen, freeze_nonfinite=True)
 
     def state_dict(self) -> dict:
         return {"exp_avg_sq": self.exp_avg_sq.clone(), "step": self.step_count, "lr": self.lr}

@@ -3,8 +3,9 @@
 :func:`train_ensemble` is the toolkit's one training loop, for the arithmetic tasks (MSE on
 ``batch_fn`` batches, validation on an :class:`EvalSet`) and the sequence tasks (any per-member
 loss from ``step_loss``, validation from ``validate``) alike. It runs Adam
-(:class:`~.optim.FlatAdam`; iNALU: its published RMSProp, :class:`~.optim.FlatRMSProp`) on the sum of the members' losses (so every member gets exactly the
-gradient of its own loss: members never mix, and Adam is elementwise), and keeps, per member:
+(:class:`~.optim.FlatAdam`; iNALU: its published RMSProp, :class:`~.optim.FlatRMSProp`) on the sum
+of the members' losses (so every member gets exactly the gradient of its own loss: members never
+mix, and Adam is elementwise), and keeps, per member:
 
 * divergence: a member whose loss or gradients go NaN/Inf is marked diverged, its gradients are
   zeroed from then on and its Adam moments reset at the next evaluation, so it stops moving; it
@@ -372,41 +373,44 @@ def train_ensemble(
         err = (model(x) - target).reshape(E, -1)
         return (err * err).mean(1)
 
+    # The regulariser is added to the training loss, or (regularizer_steps) minimised in steps of its own.
+    loss_penalty = None if regularizer_steps else regularizer
+    step_penalty = regularizer if regularizer_steps else None
+
+    def gradients(total: Tensor) -> None:
+        """The gradient of ``total`` in the optimiser's buffer, clipped by value."""
+        opt.zero_grad()
+        total.backward()
+        opt.gather_grads()
+        if clip_value is not None:
+            opt.grad.clamp_(-clip_value, clip_value)
+
     def penalty_steps(step: int, loss: Tensor) -> None:
         """``regularizer_steps``: one step per part on the penalty alone, for the members it applies to."""
         for part in regularizer_steps:
-            penalty = regularizer(step, loss)
+            penalty = step_penalty(step, loss)
             if penalty is None:
                 return
             active = (penalty.detach() != 0) & torch.isfinite(penalty.detach()) & ~diverged
             if not bool(active.any()):
                 return
-            opt.zero_grad()
-            torch.where(active, penalty, torch.zeros_like(penalty)).sum().backward()
-            opt.gather_grads()
-            if clip_value is not None:
-                opt.grad.clamp_(-clip_value, clip_value)
+            gradients(torch.where(active, penalty, torch.zeros_like(penalty)).sum())
             opt.step(part=part, members=active)
 
     def _eager_step(step: int) -> None:
         """One step (the default path, bit for bit the published runs')."""
         nonlocal diverged
         loss = training_loss(step)
-        penalty = None if regularizer is None or regularizer_steps else regularizer(step, loss.detach())
+        penalty = None if loss_penalty is None else loss_penalty(step, loss.detach())
         objective = loss if penalty is None else loss + penalty
         bad = ~torch.isfinite(objective.detach())
         diverged |= bad
-        total = torch.where(diverged, torch.zeros_like(objective), objective).sum()
-        opt.zero_grad()
-        total.backward()
-        opt.gather_grads()
-        if clip_value is not None:
-            opt.grad.clamp_(-clip_value, clip_value)
+        gradients(torch.where(diverged, torch.zeros_like(objective), objective).sum())
         # Diverged members are frozen once known at an evaluation (any_diverged); from then on,
         # so is every member that goes NaN/Inf, from its first bad step.
         frozen = diverged if any_diverged else no_member
         diverged |= opt.step_ensemble(frozen, freeze_nonfinite=any_diverged)
-        if regularizer_steps and regularizer is not None:
+        if step_penalty is not None:
             penalty_steps(step, loss.detach())
         if project is not None:
             with torch.no_grad():
@@ -418,7 +422,7 @@ def train_ensemble(
         x, target = batch_fn(data_step)
         err = (model(x) - target).reshape(E, -1)
         loss = (err * err).mean(1)
-        penalty = None if regularizer is None or regularizer_steps else regularizer(step, loss.detach())
+        penalty = None if loss_penalty is None else loss_penalty(step, loss.detach())
         objective = loss if penalty is None else loss + penalty
         diverged.bitwise_or_(~torch.isfinite(objective.detach()))
         total = torch.where(diverged, torch.zeros_like(objective), objective).sum()
@@ -427,7 +431,7 @@ def train_ensemble(
         if clip_value is not None:
             opt.grad.clamp_(-clip_value, clip_value)
         diverged.bitwise_or_(opt.step_resident(diverged))
-        if regularizer_steps and regularizer is not None:
+        if step_penalty is not None:
             penalty_steps(step, loss.detach())
         if project is not None:
             with torch.no_grad():
