@@ -217,6 +217,18 @@ NALU_HD void nac_weight_backward(T grad_w, T w_hat, T m_hat, T* grad_w_hat, T* g
   *grad_m_hat = grad_w * t * s * (T(1) - s);
 }
 
+// clamp(v, -1, 1) (NaN stays NaN, as torch.clamp), and whether its derivative is 1: v in
+// [-1, 1], ends included, as torch.clamp's derivative (NaN: no). The NAU's weights and iNALU's
+// sign-recovery clip.
+template <typename T>
+NALU_HD T clamp_unit(T w) {
+  return w < T(-1) ? T(-1) : (w > T(1) ? T(1) : w);
+}
+template <typename T>
+NALU_HD bool clamp_unit_passes(T w) {
+  return w >= T(-1) && w <= T(1);
+}
+
 // lx = log(|x| + eps)
 template <typename T>
 NALU_HD T log_abs(T x, T eps) {

@@ -147,20 +147,10 @@ NALU_HD T inalu_sign_factor_grad(T x, T w) {
   return (sign_(x) - T(1)) * sign_(w);
 }
 
-// clip(msv, -1, 1) and whether its gradient passes (on [-1, 1], ends included).
-template <typename T>
-NALU_HD T inalu_clip(T v) {
-  return v < T(-1) ? T(-1) : (v > T(1) ? T(1) : v);
-}
-template <typename T>
-NALU_HD bool inalu_clip_passes(T v) {
-  return v >= T(-1) && v <= T(1);
-}
-
 // y = g a + (1 - g) m clip(msv)  (written as the reference writes it, so Inf/NaN propagate alike)
 template <typename T>
 NALU_HD T inalu_blend(T a, T m, T msv, T g) {
-  return g * a + (T(1) - g) * (m * inalu_clip(msv));
+  return g * a + (T(1) - g) * (m * clamp_unit(msv));
 }
 
 // Gradients of the blend for one output element, given dy = dL/dy:
@@ -171,11 +161,11 @@ NALU_HD T inalu_blend(T a, T m, T msv, T g) {
 template <typename T>
 NALU_HD void inalu_blend_backward(T dy, T a, T u, T msv, T g, T omega, T* da, T* du, T* dmsv, T* dG) {
   const T m = inalu_m(u, omega);
-  const T c = inalu_clip(msv);
+  const T c = clamp_unit(msv);
   const T dmc = (T(1) - g) * dy;
   *da = g * dy;
   *du = u <= omega ? dmc * c * m : T(0);
-  *dmsv = inalu_clip_passes(msv) ? dmc * m : T(0);
+  *dmsv = clamp_unit_passes(msv) ? dmc * m : T(0);
   *dG = (a - m * c) * dy * g * (T(1) - g);
 }
 

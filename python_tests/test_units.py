@@ -235,6 +235,30 @@ def test_empty_and_grad_x_skipped(unit):
     assert gx.shape == (0,) and gW.shape == W.shape
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("E,rows,I,O", [(5, 61, 40, 2), (3, 13, 7, 3), (2, 9, 100, 16)],
+                         ids=["ensemble-rows", "lanes", "widest-rowwise"])
+def test_nau_ops_against_reference_clamp_edges(E, rows, I, O, dtype):
+    # The NAU's fused rowwise kernels (O <= 16; rows not a multiple of the unroll), with weights
+    # inside, at and beyond the clamp's ends, and the backward with and without grad x.
+    x = rand_input((E, rows, I), dtype=dtype)
+    W = rand_weights("nau", (E, I, O), dtype) * 1.5
+    W.view(-1)[::7] = 1.0
+    W.view(-1)[3::7] = -1.0
+    gy = torch.randn(E, rows, O, dtype=dtype)
+    y_ref, gx_ref, gW_ref, _ = grads(R.nau, x, W, gy)
+    tol = dict(zip(("rtol", "atol"), tolerances(dtype, I, grad=True)))
+    torch.testing.assert_close(ops.nau_forward(x, W), y_ref, **tol)
+    for need_x in (True, False):
+        gx, gW = ops.nau_backward(gy, x, W, need_x)
+        torch.testing.assert_close(gW, gW_ref, **tol)
+        assert (gW[W.abs() > 1] == 0).all()
+        if need_x:
+            torch.testing.assert_close(gx, gx_ref, **tol)
+        else:
+            assert gx.shape == (0,)
+
+
 BAD = [
     # (description, x, W, grad_y or None, expected message fragment)
     ("W rank", torch.randn(4, 3), torch.randn(3), None, "argument 'W' must have shape (in, out) or (E, in, out), got [3]"),

@@ -47,6 +47,10 @@ namespace cpu {
   at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat);                            \
   std::tuple<at::Tensor, at::Tensor> weight_backward(const at::Tensor& grad_W, const at::Tensor& W_hat, \
                                                      const at::Tensor& M_hat);                     \
+  at::Tensor nau_forward(const LayerShape& s, const at::Tensor& x, const at::Tensor& W);          \
+  std::tuple<at::Tensor, at::Tensor> nau_backward(const LayerShape& s, const at::Tensor& grad_y,  \
+                                                  const at::Tensor& x, const at::Tensor& W,       \
+                                                  bool compute_grad_x);                           \
   at::Tensor nmu_forward(const LayerShape& s, const at::Tensor& x, const at::Tensor& W);          \
   std::tuple<at::Tensor, at::Tensor> nmu_backward(const LayerShape& s, const at::Tensor& grad_y,  \
                                                   const at::Tensor& x, const at::Tensor& W,       \

@@ -1,7 +1,8 @@
 // units_cpu.cpp: the CPU ops of the NAU and NMU (schemas in csrc/nalu_ops.cpp, math in
 // csrc/product_math.h and csrc/units.h).
 //
-// NAU: clamp and BLAS (units.h, the same ATen code as on the GPU).
+// NAU: up to kRowwiseMaxOut outputs, the NAC+'s rowwise kernels on the clamped weights
+// (kernels/drivers.h); wider layers, clamp and BLAS (units.h, the same ATen code as on the GPU).
 // NMU: the fused kernels of kernels/product.h, compiled once per instruction set like the
 // NAC/NALU kernels (nalu_cpu.h) and run for the best one the processor has.
 #include <torch/library.h>
@@ -19,7 +20,7 @@ Tensor nau_forward_cpu(const Tensor& x, const Tensor& W) {
   const char* op = "nalu_cuda::nau_forward";
   const LayerShape s = check_unit(op, x, W);
   check_dtype_supported(op, x, "CPU", cpu_dtypes());
-  return nau_forward_math(s, x, W);
+  return rowwise_shape(s) ? NALU_CPU_CALL(nau_forward, s, x, W) : nau_forward_math(s, x, W);
 }
 
 std::tuple<Tensor, Tensor> nau_backward_cpu(const Tensor& grad_y, const Tensor& x, const Tensor& W,
@@ -27,7 +28,8 @@ std::tuple<Tensor, Tensor> nau_backward_cpu(const Tensor& grad_y, const Tensor& 
   const char* op = "nalu_cuda::nau_backward";
   const LayerShape s = check_unit_backward(op, grad_y, x, W);
   check_dtype_supported(op, x, "CPU", cpu_dtypes());
-  return nau_backward_math(s, grad_y, x, W, compute_grad_x);
+  return rowwise_shape(s) ? NALU_CPU_CALL(nau_backward, s, grad_y, x, W, compute_grad_x)
+                          : nau_backward_math(s, grad_y, x, W, compute_grad_x);
 }
 
 Tensor nmu_forward_cpu(const Tensor& x, const Tensor& W) {
