@@ -259,7 +259,7 @@ def run_one(cfg: Config, out_dir: str, *, device: str = "cpu", resume: bool = Fa
             progress: bool = True, log=_log_default, checkpoint_every_s: float = 60.0) -> ConfigResult:
     """Run (or, with ``resume``, reuse) one configuration; returns its result."""
     exp = get(cfg.experiment)
-    rp, ck = result_path(out_dir, cfg), checkpoint_path(out_dir, cfg)
+    ck = checkpoint_path(out_dir, cfg)
     kept = _existing(cfg, out_dir, resume=resume, overwrite=overwrite, log=log)
     if kept is not None:
         log(f"[skip] {cfg.key}: finished earlier (kept)")
