@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 namespace nalu_cuda {
@@ -31,8 +32,30 @@ void check_matches(const char* op, const char* name, const at::Tensor& t, const 
               ref_name, "' (", ref.device(), "), got ", t.device());
 }
 
-void check_eps(const char* op, double eps) {
-  TORCH_CHECK(std::isfinite(eps) && eps > 0.0, op, ": argument 'eps' must be a positive finite number, got ", eps);
+namespace {
+const char* dtype_name(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "float32";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    default: return c10::toString(dtype);
+  }
+}
+}  // namespace
+
+void check_scalar(const char* op, const char* name, double value, at::ScalarType dtype, bool positive) {
+  const char* what = positive ? "a positive finite number" : "a finite number";
+  TORCH_CHECK(std::isfinite(value) && (!positive || value > 0.0), op, ": argument '", name, "' must be ", what,
+              ", got ", value);
+  if (dtype == at::kDouble) return;
+  // The narrower types compute in float32 (acc_t); the range test comes first, as converting a
+  // double beyond float's range is undefined behaviour.
+  const bool fits = std::fabs(value) <= static_cast<double>(std::numeric_limits<float>::max());
+  const float narrow = fits ? static_cast<float>(value) : 0.0f;
+  TORCH_CHECK(fits && (!positive || narrow > 0.0f), op, ": argument '", name, "' must be ", what,
+              " in float32 (the precision the op computes in for tensors of dtype ", dtype_name(dtype), "), got ",
+              value, ", which is ",
+              fits ? "0" : (value > 0 ? "inf" : "-inf"), " there");
 }
 
 LayerShape layer_shape(const char* op, const at::Tensor& x, const at::Tensor& W, const char* w_name) {
@@ -105,7 +128,7 @@ LayerShape check_layer(const char* op, const LayerKind& kind, const at::Tensor& 
                   sizes_str(p.G.sizes()));
     }
   }
-  if (kind.mul) check_eps(op, eps);
+  if (kind.mul) check_eps(op, eps, x.scalar_type());
   return s;
 }
 

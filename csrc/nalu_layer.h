@@ -56,12 +56,16 @@ struct Backward {
 
 // The pieces every unit's checks are made of (nalu_layer.cpp, power_layer.cpp, units.cpp), so that
 // the messages agree: `sizes` as "[2, 3]"; that argument `name` is a floating-point tensor; that
-// `t` has the dtype and device of `ref` (named `ref_name`); that eps is positive and finite.
+// `t` has the dtype and device of `ref` (named `ref_name`); that a scalar argument is finite (and,
+// for `positive`, above 0) in the precision the kernels compute it in for tensors of `dtype`
+// (float64 for float64, float32 for every narrower type): a double eps of 1e-50 is 0 in float32
+// and 1e39 is inf, and both are refused, not computed with.
 std::string sizes_str(at::IntArrayRef sizes);
 void check_floating(const char* op, const char* name, const at::Tensor& t);
 void check_matches(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
                    const at::Tensor& ref);
-void check_eps(const char* op, double eps);
+void check_scalar(const char* op, const char* name, double value, at::ScalarType dtype, bool positive);
+inline void check_eps(const char* op, double eps, at::ScalarType dtype) { check_scalar(op, "eps", eps, dtype, true); }
 
 // The shape of a layer call with weights W (named `w_name`, rank 2 or 3: already checked), after
 // checking that x is (..., I) for W (I, O), or (E, ..., I) for ensemble weights W (E, I, O).

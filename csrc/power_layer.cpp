@@ -29,7 +29,7 @@ LayerShape check_npu(const char* op, const at::Tensor& x, const at::Tensor& W_r,
   const std::vector<int64_t> want = s.ensemble ? std::vector<int64_t>{s.E, s.I} : std::vector<int64_t>{s.I};
   TORCH_CHECK(g.sizes() == at::IntArrayRef(want), op, ": argument 'g' (the relevance gate) must have shape ",
               s.ensemble ? "(E, in) = " : "(in,) = ", sizes_str(want), ", got ", sizes_str(g.sizes()));
-  check_eps(op, eps);
+  check_eps(op, eps, x.scalar_type());
   return s;
 }
 
@@ -51,7 +51,7 @@ LayerShape check_inalu(const char* op, const at::Tensor& x, const at::Tensor& W_
   p.M_hat_m = M_hat_m;
   p.G = G;
   LayerShape s = check_layer(op, kInalu, x, p, eps);
-  TORCH_CHECK(std::isfinite(omega), op, ": argument 'omega' must be a finite number, got ", omega);
+  check_scalar(op, "omega", omega, x.scalar_type(), false);
   return s;
 }
 

@@ -117,11 +117,12 @@ NALU_HD void npu_prologue_backward(T x, T g, T eps, T dlr, T dk, T* dx, T* dg) {
 // ---------------------------------------------------------------------------------------------
 
 // lx = log(max(|x|, eps)); d lx / dx = sign(x) / |x| where |x| >= eps (torch.clamp_min passes the
-// gradient at the end point), 0 below.
+// gradient at the end point), 0 below and at a NaN x. A NaN x stays NaN (torch.clamp_min
+// propagates NaN), so that its row's m is NaN and gets no gradient, as in the reference.
 template <typename T>
 NALU_HD T inalu_log(T x, T eps) {
   const T ax = abs_(x);
-  return log_(ax >= eps ? ax : eps);
+  return log_(ax < eps ? eps : ax);
 }
 template <typename T>
 NALU_HD T inalu_log_grad(T x, T eps) {
@@ -129,10 +130,11 @@ NALU_HD T inalu_log_grad(T x, T eps) {
   return ax >= eps ? sign_(x) / ax : T(0);
 }
 
-// m = exp(min(u, omega)); dm/du = m where u <= omega (torch.clamp(max=) passes at the end), else 0.
+// m = exp(min(u, omega)); dm/du = m where u <= omega (torch.clamp(max=) passes at the end), else 0
+// (a NaN u included). A NaN u gives a NaN m, as torch.clamp does, not the clipped e^omega.
 template <typename T>
 NALU_HD T inalu_m(T u, T omega) {
-  return exp_(u <= omega ? u : omega);
+  return exp_(u > omega ? omega : u);
 }
 
 // One factor of the sign product: f = sign(x) |w| + 1 - |w| (w = W_m[i, o]).

@@ -16,6 +16,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import reference
+
 ops = None  # torch.ops.nalu_cuda once loaded
 fast = None  # nalu_cuda._C: direct eager entry points of the forward ops (see csrc/module.cpp)
 LOAD_ERROR: Optional[BaseException] = None
@@ -123,9 +125,10 @@ def _check_pair(op: str, W_hat: Tensor, M_hat: Tensor, w: str = "W_hat", m: str 
     _check_match(op, m, M_hat, w, W_hat)
 
 
-def _check_eps(op: str, eps: float) -> None:
-    if not (eps > 0 and eps != float("inf")):
-        _fail(op, f"argument 'eps' must be a positive finite number, got {eps}")
+def _check_scalar(op: str, name: str, value: float, dtype: torch.dtype, positive: bool = True) -> None:
+    problem = reference.scalar_problem(name, value, dtype, positive)
+    if problem:
+        _fail(op, problem)
 
 
 def _nac_out_shape(op: str, x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: Optional[float] = None) -> list:
@@ -135,7 +138,7 @@ def _nac_out_shape(op: str, x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: Option
     _check_match(op, "W_hat", W_hat, "x", x)
     _, O = _check_x_matches(op, x, W_hat, "W_hat")
     if eps is not None:
-        _check_eps(op, eps)
+        _check_scalar(op, "eps", eps, x.dtype)
     return list(x.shape[:-1]) + [O]
 
 
@@ -160,7 +163,7 @@ def _nalu_out_shape(op: str, x: Tensor, W_hat: Tensor, M_hat: Tensor, W_hat_m: O
         want = list(W_hat.shape[:-2]) + [W_hat.shape[-1]]
         if not input_gate and list(G.shape) != want:
             _fail(op, f"argument 'G' of an input-independent gate must have shape {want}, got {list(G.shape)}")
-    _check_eps(op, eps)
+    _check_scalar(op, "eps", eps, x.dtype)
     return shape
 
 
@@ -339,14 +342,13 @@ def _npu_out_shape(op: str, x: Tensor, W_r: Tensor, W_i: Optional[Tensor], g: Te
     if list(g.shape) != want:
         _fail(op, f"argument 'g' (the relevance gate) must have shape {'(E, in)' if W_r.dim() == 3 else '(in,)'} = "
                   f"{want}, got {list(g.shape)}")
-    _check_eps(op, eps)
+    _check_scalar(op, "eps", eps, x.dtype)
     return list(x.shape[:-1]) + [O]
 
 
 def _inalu_out_shape(op: str, x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega) -> list:
     shape = _nalu_out_shape(op, x, W_hat, M_hat, W_hat_m, M_hat_m, G, False, eps)
-    if omega != omega or omega in (float("inf"), float("-inf")):
-        _fail(op, f"argument 'omega' must be a finite number, got {omega}")
+    _check_scalar(op, "omega", omega, x.dtype, positive=False)
     return shape
 
 

@@ -24,8 +24,6 @@ member ``e`` initialised with generator ``g_e`` equals a single layer initialise
 """
 from __future__ import annotations
 
-import math
-import numbers
 import warnings
 from typing import Optional, Sequence, Union
 
@@ -55,11 +53,13 @@ def _warn_fallback_once() -> None:
         )
 
 
-def _check_eps(cls: str, eps) -> float:
-    """eps as a float: any real number type (float, int, numpy scalars), positive and finite."""
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 < float(eps) < math.inf:
-        raise ValueError(f"nalu_cuda.{cls}: argument 'eps' must be a positive finite number, got {eps!r}")
-    return float(eps)
+def _check_scalar(cls: str, name: str, value, positive: bool = True, dtype: Optional[torch.dtype] = None) -> float:
+    """A scalar argument (eps, omega) as a float: any real number type (float, int, numpy scalars),
+    finite (and positive), and so in the layer's dtype when it has one (reference.scalar_problem)."""
+    problem = reference.scalar_problem(name, value, dtype, positive)
+    if problem:
+        raise ValueError(f"nalu_cuda.{cls}: {problem}")
+    return float(value)
 
 
 def _check_positive_int(cls: str, name: str, value, allow_none: bool = False) -> None:
@@ -199,7 +199,7 @@ class NACMul(_ArithmeticLayer):
                  ensemble: Optional[int] = None, backend: str = "auto", device=None, dtype=None,
                  init: str = init_presets.DEFAULT) -> None:
         super().__init__(in_features, out_features, ensemble, backend, device, dtype, init)
-        self.eps = _check_eps("NACMul", eps)
+        self.eps = _check_scalar("NACMul", "eps", eps, dtype=dtype or torch.get_default_dtype())
         self.W_hat = self._param(in_features, out_features)
         self.M_hat = self._param(in_features, out_features)
         self.reset_parameters()
@@ -243,7 +243,7 @@ class NALU(_ArithmeticLayer):
         if gate_bias and gate != "input":
             raise ValueError("nalu_cuda.NALU: argument 'gate_bias' needs gate='input' (an input-independent "
                              f"gate sigmoid(G) is its own bias), got gate={gate!r}")
-        self.eps = _check_eps("NALU", eps)
+        self.eps = _check_scalar("NALU", "eps", eps, dtype=dtype or torch.get_default_dtype())
         self.tied = tied
         self.gate = gate
         self.keep_parts = keep_parts

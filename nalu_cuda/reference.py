@@ -23,16 +23,46 @@ Conventions
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
-__all__ = ["DEFAULT_EPS", "DEFAULT_OMEGA", "nac_weight", "log_abs", "nac", "nac_mul", "nalu", "nalu_parts", "NaluParts",
+__all__ = ["DEFAULT_EPS", "DEFAULT_OMEGA", "scalar_problem", "nac_weight", "log_abs", "nac", "nac_mul", "nalu", "nalu_parts", "NaluParts",
            "GATES", "npu", "real_npu", "inalu", "nau", "nmu"]
 
 DEFAULT_EPS = 1e-7
 GATES = ("input", "independent")
+
+
+def scalar_problem(name: str, value, dtype: Optional[torch.dtype] = None, positive: bool = True) -> Optional[str]:
+    """What is wrong with a scalar argument (``eps``, ``omega``), or None: a real number (not a bool),
+    finite and, for ``positive``, above 0; with ``dtype``, still so in the precision the ops compute
+    in for tensors of that dtype (float64 for float64, float32 for every narrower type: an eps of
+    1e-50 is 0 in float32 and 1e39 is inf). The fused ops' checks (csrc/nalu_layer.cpp
+    ``check_scalar``) say the same words."""
+    what = "a positive finite number" if positive else "a finite number"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return f"argument '{name}' must be {what}, got {value!r}"
+    v = float(value)
+    if not (math.isfinite(v) and (v > 0 or not positive)):
+        return f"argument '{name}' must be {what}, got {value!r}"
+    if dtype is None or dtype == torch.float64:
+        return None
+    fits = abs(v) <= torch.finfo(torch.float32).max
+    narrow = float(torch.tensor(v, dtype=torch.float64).to(torch.float32)) if fits else 0.0
+    if fits and (narrow > 0 or not positive):
+        return None
+    there = "0" if fits else ("inf" if v > 0 else "-inf")
+    return (f"argument '{name}' must be {what} in float32 (the precision the op computes in for tensors of "
+            f"dtype {str(dtype).replace('torch.', '')}), got {value!r}, which is {there} there")
+
+
+def _check_scalar(fn: str, name: str, value, dtype: torch.dtype, positive: bool = True) -> None:
+    problem = scalar_problem(name, value, dtype, positive)
+    if problem:
+        raise ValueError(f"nalu_cuda.reference.{fn}: {problem}")
 
 
 def nac_weight(W_hat: Tensor, M_hat: Tensor) -> Tensor:
@@ -68,6 +98,7 @@ def nac(x: Tensor, W_hat: Tensor, M_hat: Tensor) -> Tensor:
 
 def nac_mul(x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
     """NAC* (multiplicative accumulator): ``y = exp(log(|x| + eps) W)``."""
+    _check_scalar("nac_mul", "eps", eps, x.dtype)
     return torch.exp(_matmul(log_abs(x, eps), nac_weight(W_hat, M_hat)))
 
 
@@ -108,6 +139,7 @@ def nalu_parts(
     if (W_hat_m is None) != (M_hat_m is None):
         raise ValueError("nalu_cuda.reference.nalu: give both 'W_hat_m' and 'M_hat_m' (separate weights) or neither")
     _check_gate_bias("reference.nalu", W_hat, G_bias, gate)
+    _check_scalar("nalu", "eps", eps, x.dtype)
     W = nac_weight(W_hat, M_hat)
     W_m = W if W_hat_m is None else nac_weight(W_hat_m, M_hat_m)
     a = _matmul(x, W)
@@ -115,7 +147,7 @@ def nalu_parts(
     if gate == "input":
         z = _matmul(x, G)
         if G_bias is not None:  # (O,) or (E, O) -> against z of shape (..., O) or (E, ..., O)
-            z = z + (G_bias if G_bias.dim() == 1 else G_bias.reshape(G_bias.shape[0], *([1] * (x.dim() - 2)), -1))
+            z = z + _per_member(G_bias, x, G_bias.dim() == 2)
         g = torch.sigmoid(z)
         g_b = g
     else:
@@ -177,6 +209,7 @@ def npu(x: Tensor, W_r: Tensor, W_i: Optional[Tensor], g: Tensor, eps: float = D
     ``y = exp(log(r) W_r - k W_i) cos(k W_r + log(r) W_i)``. ``W_i=None`` is the RealNPU
     (``W_i = 0``): ``y = exp(log(r) W_r) cos(k W_r)``. A gate of 0 ignores its input (r = 1, k = 0).
     """
+    _check_scalar("npu", "eps", eps, x.dtype)
     gc = _per_member(_clamp(g, 0.0, 1.0), x, W_r.dim() == 3)
     r = gc * (x.abs() + eps) + (1 - gc)
     k = gc * math.pi * (x < 0).to(x.dtype)
@@ -211,6 +244,8 @@ def inalu(
     |W_m[i]|)``, the NMU-like product that gives ``m`` the sign of the inputs it uses; the
     input-independent gate ``g = sigmoid(G)``, ``G`` of shape ``(out,)`` (``(E, out)``).
     """
+    _check_scalar("inalu", "eps", eps, x.dtype)
+    _check_scalar("inalu", "omega", omega, x.dtype, positive=False)
     W = nac_weight(W_hat, M_hat)
     W_m = nac_weight(W_hat_m, M_hat_m)
     a = _matmul(x, W)
@@ -245,4 +280,27 @@ def nmu(x: Tensor, W: Tensor) -> Tensor:
     if W.dim() == 3:  # (E, I, O) -> (E, 1, ..., 1, I, O) against x (E, ..., I, 1)
         W = W.reshape(W.shape[0], *([1] * (x.dim() - 2)), *W.shape[1:])
     factors = x.unsqueeze(-1) * W + (1 - W)
-    return torch.prod(factors, dim=-2)
+    return _ExclusiveProduct.apply(factors)
+
+
+class _ExclusiveProduct(torch.autograd.Function):
+    """``factors.prod(-2)`` whose gradient for factor i is the product of the other factors (prefix
+    times suffix products, in the fused kernels' order), exact at zero and infinite factors:
+    ``torch.prod``'s backward divides the result by the factor, NaN at an infinite one. The
+    backward is differentiable (double backward)."""
+
+    @staticmethod
+    def forward(ctx, factors: Tensor) -> Tensor:
+        ctx.save_for_backward(factors)
+        return factors.prod(dim=-2)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (f,) = ctx.saved_tensors
+        n = f.shape[-2]
+        if n == 0:
+            return torch.zeros_like(f)
+        ones = torch.ones_like(f.narrow(-2, 0, 1))
+        prefix = torch.cat([ones, f.narrow(-2, 0, n - 1)], dim=-2).cumprod(dim=-2)
+        suffix = torch.cat([f.narrow(-2, 1, n - 1), ones], dim=-2).flip(-2).cumprod(dim=-2).flip(-2)
+        return grad.unsqueeze(-2) * (prefix * suffix)

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _ops, functional, init_presets, reference
-from .modules import Generators, _ArithmeticLayer
+from .modules import Generators, _ArithmeticLayer, _check_scalar
 from .reference import DEFAULT_EPS
 
 __all__ = ["NPU", "RealNPU", "INALU", "NAU", "NMU", "project_after_step"]
@@ -31,11 +31,8 @@ class _PowerLayer(_ArithmeticLayer):
 
     _kernel_dtypes = _ops.POWER_KERNEL_DTYPES
 
-    def _check_eps(self, eps) -> float:
-        if not (isinstance(eps, (int, float)) and 0 < eps < math.inf):
-            raise ValueError(f"nalu_cuda.{type(self).__name__}: argument 'eps' must be a positive finite number, "
-                             f"got {eps!r}")
-        return float(eps)
+    def _check_scalar(self, name: str, value, positive: bool = True, dtype=None) -> float:
+        return _check_scalar(type(self).__name__, name, value, positive, dtype or torch.get_default_dtype())
 
 
 class NPU(_PowerLayer):
@@ -54,7 +51,7 @@ class NPU(_PowerLayer):
     def __init__(self, in_features: int, out_features: int, *, eps: float = DEFAULT_EPS,
                  ensemble: Optional[int] = None, backend: str = "auto", device=None, dtype=None) -> None:
         super().__init__(in_features, out_features, ensemble, backend, device, dtype)
-        self.eps = self._check_eps(eps)
+        self.eps = self._check_scalar("eps", eps, dtype=dtype)
         self.W_r = self._param(in_features, out_features)
         if self.real:
             self.register_parameter("W_i", None)
@@ -108,10 +105,8 @@ class INALU(_PowerLayer):
                  omega: float = reference.DEFAULT_OMEGA, ensemble: Optional[int] = None, backend: str = "auto",
                  device=None, dtype=None) -> None:
         super().__init__(in_features, out_features, ensemble, backend, device, dtype)
-        self.eps = self._check_eps(eps)
-        if isinstance(omega, bool) or not isinstance(omega, (int, float)) or not math.isfinite(omega):
-            raise ValueError(f"nalu_cuda.INALU: argument 'omega' must be a finite number, got {omega!r}")
-        self.omega = float(omega)
+        self.eps = self._check_scalar("eps", eps, dtype=dtype)
+        self.omega = self._check_scalar("omega", omega, positive=False, dtype=dtype)
         self.W_hat = self._param(in_features, out_features)
         self.M_hat = self._param(in_features, out_features)
         self.W_hat_m = self._param(in_features, out_features)

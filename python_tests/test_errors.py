@@ -1,9 +1,12 @@
 """Bad input gets a clear error naming the op, the argument, what was expected and what came."""
+import re
+
 import pytest
 import torch
 
 import nalu_cuda
 from nalu_cuda import functional as F
+from nalu_cuda import reference as R
 from nalu_cuda.testing import rand_input, rand_params
 
 ops = torch.ops.nalu_cuda
@@ -148,7 +151,7 @@ def test_autocast_still_takes_low_precision_inputs():
         assert y.shape == (4, 2) and torch.isfinite(y).all()
 
 
-@pytest.mark.parametrize("layer", ["NACMul", "NALU"])
+@pytest.mark.parametrize("layer", ["NACMul", "NALU", "NPU", "RealNPU", "INALU"])
 def test_eps_of_any_real_number_type(layer):
     np = pytest.importorskip("numpy")
     x = x_(4, 3)
@@ -159,9 +162,58 @@ def test_eps_of_any_real_number_type(layer):
         assert isinstance(got.eps, float) and got.eps == float(eps)
         torch.testing.assert_close(got(x), want(x), rtol=1e-6, atol=1e-6)
     assert getattr(nalu_cuda, layer)(3, 2, eps=1).eps == 1.0
+    assert getattr(nalu_cuda, layer)(3, 2, eps=1e-50, dtype=torch.float64).eps == 1e-50
     for bad in (True, np.bool_(True), float("inf"), float("nan"), -1e-7, np.float32("nan"), "1e-7", None):
         with pytest.raises(ValueError, match=rf"nalu_cuda.{layer}: argument 'eps' must be a positive finite number"):
             getattr(nalu_cuda, layer)(3, 2, eps=bad)
+
+
+EPS_OPS = {  # name: (fused op, reference, the other arguments after x)
+    "nac_mul": (F.nac_mul, R.nac_mul, lambda dt: (p(3, 2, dtype=dt), p(3, 2, dtype=dt))),
+    "nalu": (F.nalu, R.nalu, lambda dt: (p(3, 2, dtype=dt), p(3, 2, dtype=dt), p(3, 2, dtype=dt))),
+    "npu": (F.npu, R.npu, lambda dt: (p(3, 2, dtype=dt), p(3, 2, dtype=dt), torch.full((3,), 0.5, dtype=dt))),
+    "inalu": (F.inalu, R.inalu, lambda dt: (*(p(3, 2, dtype=dt) for _ in range(4)), torch.zeros(2, dtype=dt))),
+}
+
+
+@pytest.mark.parametrize("op", list(EPS_OPS))
+@pytest.mark.parametrize("eps,there", [(1e-50, "0"), (1e39, "inf")])
+def test_eps_is_checked_in_the_precision_it_is_used_in(op, eps, there):
+    # A float64 eps that float32 rounds to 0 (or inf) is refused by both paths for float32 and
+    # float16/bfloat16 inputs (computed in float32), and taken as it is for float64.
+    fused, ref, rest = EPS_OPS[op]
+    x = torch.tensor([[0.0, 1.5, 2.0]])
+    pattern = (rf"argument 'eps' must be a positive finite number in float32 \(the precision the op computes in "
+               rf"for tensors of dtype float32\), got {re.escape(repr(eps))}, which is {there} there")
+    with pytest.raises(RuntimeError, match=rf"nalu_cuda::{op}_forward: " + pattern):
+        fused(x, *rest(torch.float32), eps=eps)
+    with pytest.raises(ValueError, match=rf"nalu_cuda.reference.{op}: " + pattern):
+        ref(x, *rest(torch.float32), eps=eps)
+    if eps < 1:  # float64: 1e-50 is a positive normal number there
+        args = rest(torch.float64)
+        torch.testing.assert_close(fused(x.double(), *args, eps=eps), ref(x.double(), *args, eps=eps))
+
+
+def test_tiny_eps_gives_finite_input_gradients_at_zero_in_float64():
+    x = torch.tensor([[0.0, 1.5, 2.0]], dtype=torch.float64, requires_grad=True)
+    W, M, G = (p(3, 2, dtype=torch.float64) for _ in range(3))
+    F.nalu(x, W, M, G, eps=1e-50).sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad[0, 0] != 0  # the additive path's gradient at x = 0
+
+
+def test_omega_is_checked_in_the_precision_it_is_used_in():
+    x, args = x_(4, 3), EPS_OPS["inalu"][2](torch.float32)
+    with pytest.raises(RuntimeError, match=r"nalu_cuda::inalu_forward: argument 'omega' must be a finite number in "
+                                           r"float32 .*got 1e\+39, which is inf there"):
+        F.inalu(x, *args, omega=1e39)
+    with pytest.raises(ValueError, match=r"nalu_cuda.INALU: argument 'omega' must be a finite number in float32"):
+        nalu_cuda.INALU(3, 2, omega=-1e39)
+
+
+def test_reference_gate_bias_with_an_empty_ensemble():
+    W, M, G = (torch.zeros(0, 3, 2) for _ in range(3))
+    y = R.nalu(torch.zeros(0, 4, 3), W, M, G, G_bias=torch.zeros(0, 2))
+    assert y.shape == (0, 4, 2)
 
 
 @pytest.mark.parametrize("layer", ["NAC", "NACMul", "NALU"])

@@ -384,3 +384,28 @@ def test_inalu_regularizer_and_rules():
     for p, q in zip(before, e.parameters()):
         assert torch.equal(p[0], q[0]) and torch.equal(p[2], q[2]) and not torch.equal(p[1], q[1])
         assert q[1].abs().max() <= 2
+
+
+@pytest.mark.parametrize("mag", [1e20, 1e30])
+def test_inalu_float32_gradients_at_huge_inputs_match_float64(mag):
+    # Both paths in float32 against the reference in float64, every gradient of a weighted sum, with
+    # |x| far beyond the training ranges (the exponent then mostly clipped at omega). Each call gets
+    # fresh leaf tensors: `t.to(torch.float32)` of a float32 tensor is `t` itself, whose .grad
+    # would accumulate across calls.
+    gen = torch.Generator().manual_seed(7)
+    I, O, N = 4, 3, 8
+    params = [torch.randn(I, O, generator=gen, dtype=torch.float64) * 0.5 for _ in range(4)]
+    params.append(torch.randn(O, generator=gen, dtype=torch.float64))
+    x = (torch.rand(N, I, generator=gen, dtype=torch.float64) + 0.5) * mag
+    x = x * torch.where(torch.rand(N, I, generator=gen) < 0.5, -1.0, 1.0).double()
+    w = torch.randn(N, O, generator=gen, dtype=torch.float64)
+
+    def grads(fn, dtype):
+        leaves = [t.to(dtype).clone().requires_grad_() for t in [x, *params]]
+        (fn(*leaves) * w.to(dtype)).sum().backward()
+        return [t.grad.double() for t in leaves]
+
+    want = grads(R.inalu, torch.float64)
+    for fn in (R.inalu, F.inalu):
+        for g, r in zip(grads(fn, torch.float32), want):
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4 * float(r.abs().max()))
