@@ -23,11 +23,18 @@ configuration of a run before any of them trains:
 
 * one run at a time in ``DIR`` (a lock, :mod:`nalu_cuda.experiments.outdir`), and no file that
   nalu-cuda did not write is replaced without ``--overwrite``;
-* a result or checkpoint whose fingerprint (hash of the configuration) differs from the
-  configuration being run is never reused;
-* a damaged result (unreadable, truncated, fields missing) is named with what is wrong; under
-  ``--resume`` it is recomputed with a warning (the damaged file kept as ``result.json.damaged``);
-  an unreadable checkpoint is never silently ignored;
+* every result and checkpoint is sealed (:func:`seal`): it carries its configuration's fingerprint
+  (hash of the configuration) and a ``checksum`` (sha256 of its content, :func:`checksum`);
+* a result or checkpoint whose fingerprint differs from the configuration being run is never reused;
+* a damaged result or checkpoint (unreadable, truncated, fields missing, a checksum that does not
+  match its content or a fingerprint that is not its own configuration's: edited by hand) is named
+  with what is wrong; under ``--resume`` it is moved aside (:func:`keep_damaged`: ``result.json.damaged``,
+  then ``.damaged-2``, ...; nothing is deleted) and its configuration recomputed from the start, with a
+  warning. A file without a checksum (written before result version 2) cannot be verified and counts
+  as damaged: ``--resume`` recomputes it, the old file kept;
+* a sealed checkpoint is still checked field by field before use (:class:`CheckpointState`, and
+  :func:`.parts.training.checked_checkpoint` against the state the run saves): a field of the wrong
+  kind, shape or range is a :class:`RunError` naming the file, the field, what was expected and what came;
 * without ``--resume``, existing results or checkpoints of the run's configurations are an error
   unless ``--overwrite`` is given, which deletes every one of them before the run starts.
 """
@@ -43,18 +50,20 @@ import platform
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
 from . import seed_blocks
+from .integrity import (CheckpointState, checksum, keep_damaged, load_checkpoint, load_result,  # noqa: F401
+                        read_checkpoint, seal)
 from .outdir import OutputDir, RunError, atomic_write
 from .registry import Config, ConfigResult, Context, RunOutput, all_experiments, get
 
 __all__ = ["RunError", "run_configs", "load_results", "write_outputs", "atomic_write_text", "atomic_torch_save",
-           "result_path", "RESULT_VERSION"]
+           "result_path", "RESULT_VERSION", "checksum", "seal", "keep_damaged", "CheckpointState"]
 
-RESULT_VERSION = 1
+RESULT_VERSION = 2  # 2: results and checkpoints carry a checksum
 
 
 def _log_default(msg: str) -> None:
@@ -121,81 +130,11 @@ def checkpoint_path(out_dir: str, cfg: Config) -> str:
     return os.path.join(config_dir(out_dir, cfg), "checkpoint.pt")
 
 
-_RESULT_FIELDS = (("fingerprint", str), ("config", dict), ("records", list))
-_CONFIG_FIELDS = (("experiment", str), ("name", str), ("seeds", int), ("steps", int))
-
-
-def _result_problem(data: Any) -> Optional[str]:
-    """What makes a parsed ``result.json`` unusable (``None`` when nothing does)."""
-    if not isinstance(data, dict):
-        return f"expected a JSON object, found {type(data).__name__}"
-    for fields, d, prefix in ((_RESULT_FIELDS, data, ""), (_CONFIG_FIELDS, data.get("config"), "config.")):
-        for key, typ in fields:
-            if key not in d:
-                return f"field '{prefix}{key}' is missing"
-            if not isinstance(d[key], typ):
-                return f"field '{prefix}{key}' is a {type(d[key]).__name__}, not a {typ.__name__}"
-    if not isinstance(data["config"].get("params", {}), dict):
-        return "field 'config.params' is not an object"
-    if not all(isinstance(r, dict) for r in data["records"]):
-        return "field 'records' holds something other than objects"
-    summaries = data.get("summaries", [])
-    if not isinstance(summaries, list) or not all(isinstance(r, dict) for r in summaries):
-        return "field 'summaries' is not a list of objects"
-    if not isinstance(data.get("extra", {}), dict):
-        return "field 'extra' is not an object"
-    if not isinstance(data.get("wall_s", 0.0), (int, float)):
-        return "field 'wall_s' is not a number"
-    return None
-
-
-def _load_result(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
-    """``(data, None)`` for a usable result file, ``(None, what is wrong)`` for a damaged one."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        return None, f"unreadable: {exc}"
-    problem = _result_problem(data)
-    return (None, problem) if problem else (data, None)
-
-
 def _result_from_data(data: Dict[str, Any]) -> ConfigResult:
     cfg = Config.from_dict(data["config"])
     summaries = data.get("summaries") or []
     return ConfigResult(config=cfg, records=data["records"], summary=summaries[0] if summaries else {},
                         extra=data.get("extra", {}), wall_s=float(data.get("wall_s", 0.0)), summaries=summaries)
-
-
-class _CheckpointState(dict):
-    """A checkpoint's state: a field that is not there is a :class:`RunError` naming the file and the
-    field, not a ``KeyError`` from deep inside an experiment's resume code."""
-
-    def __init__(self, data: dict, path: str, where: str = "state") -> None:
-        super().__init__({k: _CheckpointState(v, path, f"{where}.{k}") if type(v) is dict else v
-                          for k, v in data.items()})
-        self._path, self._where = path, where
-
-    def __missing__(self, key):
-        raise RunError(f"checkpoint {self._path} has no field '{self._where}.{key}' (edited, or written by another "
-                       "version of nalu-cuda); delete it, or rerun with --overwrite to start this configuration again")
-
-
-def _read_checkpoint(ck: str, fp: str) -> _CheckpointState:
-    try:
-        data = torch.load(ck, map_location="cpu", weights_only=True)
-    except Exception as exc:  # truncated, garbage, wrong format
-        raise RunError(f"checkpoint {ck} is corrupt ({type(exc).__name__}: {exc}); delete it or rerun with "
-                       "--overwrite to start this configuration again") from None
-    if not isinstance(data, dict) or data.get("fingerprint") != fp:
-        got = data.get("fingerprint") if isinstance(data, dict) else None
-        raise RunError(f"checkpoint {ck} belongs to a different configuration (fingerprint {got}, this run "
-                       f"{fp}); the settings changed since it was written. Use another --out, or --overwrite "
-                       "to discard it")
-    if not isinstance(data.get("state"), dict):
-        raise RunError(f"checkpoint {ck} has no field 'state' holding a dictionary (edited, or written by another "
-                       "version of nalu-cuda); delete it, or rerun with --overwrite to start this configuration again")
-    return _CheckpointState(data["state"], ck)
 
 
 def _make_context(out_dir: str, cfg: Config, device: str, progress: bool, resume: bool, log,
@@ -204,40 +143,46 @@ def _make_context(out_dir: str, cfg: Config, device: str, progress: bool, resume
     fp = cfg.fingerprint()
 
     def save(state: Any) -> None:
-        atomic_torch_save(ck, {"fingerprint": fp, "config": cfg.to_dict(), "version": RESULT_VERSION,
-                               "state": state})
+        atomic_torch_save(ck, seal({"fingerprint": fp, "config": cfg.to_dict(), "version": RESULT_VERSION,
+                                    "state": state}))
 
     def load() -> Optional[Any]:
         if not resume or not os.path.exists(ck):
             return None
-        return _read_checkpoint(ck, fp)
+        return read_checkpoint(ck, fp)
 
     return Context(device=device, work_dir=config_dir(out_dir, cfg), progress=progress, save_checkpoint=save,
                    load_checkpoint=load, log=log, checkpoint_every_s=checkpoint_every_s)
 
 
+def _damaged(path: str, what: str, problem: str, cfg: Config, resume: bool, log) -> None:
+    """The rule for a damaged result or checkpoint of ``cfg``: without ``resume`` a :class:`RunError`;
+    with it, the file is moved aside (:func:`keep_damaged`) and ``cfg`` recomputed, with a warning."""
+    name = os.path.basename(path)
+    if not resume:
+        raise RunError(f"{what} {path} is damaged ({problem}): pass --resume to recompute {cfg.key} (the damaged "
+                       f"file is kept as {name}.damaged), or --overwrite to recompute every configuration of this run")
+    kept = keep_damaged(path)
+    log(f"warning: {what} {path} is damaged ({problem}); recomputing {cfg.key} (the damaged file is kept as "
+        f"{os.path.basename(kept)})")
+
+
 def _existing(cfg: Config, out_dir: str, *, resume: bool, overwrite: bool, log) -> Optional[Dict[str, Any]]:
     """Apply the rules to what ``out_dir`` holds for ``cfg``: the result to keep (``--resume``), or ``None``
     when ``cfg`` is to run. ``overwrite`` deletes its result and checkpoint; ``resume`` moves a damaged
-    result aside (with a warning) and checks the checkpoint it will continue from."""
+    result or checkpoint aside (with a warning) and checks the checkpoint it will continue from."""
     rp, ck = result_path(out_dir, cfg), checkpoint_path(out_dir, cfg)
     fp = cfg.fingerprint()
-    seed_blocks.check_existing(cfg, out_dir, resume=resume, overwrite=overwrite)
+    seed_blocks.check_existing(cfg, out_dir, resume=resume, overwrite=overwrite, log=log)
     if overwrite:
         for p in (rp, ck):
             if os.path.exists(p):
                 os.unlink(p)
         return None
     if os.path.exists(rp):
-        data, problem = _load_result(rp)
+        data, problem = load_result(rp)
         if problem is not None:
-            if not resume:
-                raise RunError(f"result file {rp} is damaged ({problem}): pass --resume to recompute {cfg.key} (the "
-                               "damaged file is kept as result.json.damaged), or --overwrite to recompute every "
-                               "configuration of this run")
-            os.replace(rp, rp + ".damaged")
-            log(f"warning: result file {rp} is damaged ({problem}); recomputing {cfg.key} (the damaged file is "
-                "kept as result.json.damaged)")
+            _damaged(rp, "result file", problem, cfg, resume, log)
         elif data["fingerprint"] != fp:
             raise RunError(f"{rp} holds results of a different configuration named {cfg.name!r} (fingerprint "
                            f"{data['fingerprint']}, this run {fp}). Use another --out, or --overwrite to "
@@ -248,8 +193,10 @@ def _existing(cfg: Config, out_dir: str, *, resume: bool, overwrite: bool, log) 
         else:
             return data
     if os.path.exists(ck):
-        _read_checkpoint(ck, fp)  # a corrupt one, or one of other settings, is named as such
-        if not resume:
+        _, problem = load_checkpoint(ck, fp)  # one of other settings is a RunError
+        if problem is not None:
+            _damaged(ck, "checkpoint", problem, cfg, resume, log)
+        elif not resume:
             raise RunError(f"{ck} is the checkpoint of an interrupted run of this configuration: pass --resume to "
                            "continue it, or --overwrite to start again")
     return None
@@ -297,16 +244,17 @@ def _write_result(cfg: Config, out_dir: str, out: RunOutput, wall: float, device
         s.setdefault("wall_s", wall)
     data = {"version": RESULT_VERSION, "fingerprint": cfg.fingerprint(), "config": cfg.to_dict(),
             "records": out.records, "extra": out.extra, "summaries": summaries, "wall_s": wall, "device": device,
-            "finished": _dt.datetime.now().isoformat(timespec="seconds"), **(more or {})}
+            "threads": torch.get_num_threads(), "finished": _dt.datetime.now().isoformat(timespec="seconds"), **(more or {})}
+    data = seal(json.loads(dumps(data)))  # the checksum of what the file reads back as
     atomic_write_text(rp, dumps(data))
     if os.path.exists(ck):
         os.unlink(ck)
-    return _result_from_data(json.loads(dumps(data)))
+    return _result_from_data(data)
 
 
 def read_result(path: str) -> Dict[str, Any]:
     """A valid ``result.json``'s data (a :class:`RunError` naming what is wrong otherwise)."""
-    data, problem = _load_result(path)
+    data, problem = load_result(path)
     if problem is not None:
         raise RunError(f"result file {path} is damaged ({problem})")
     return data
@@ -343,7 +291,7 @@ def _prepare(configs: Sequence[Config], od: OutputDir, *, resume: bool, overwrit
     ours = {os.path.abspath(result_path(out_dir, c)) for c in configs}
     experiments = {c.experiment for c in configs}
     for rp in _result_files(out_dir):
-        data, problem = _load_result(rp)
+        data, problem = load_result(rp)
         if problem is None:
             experiments.add(data["config"]["experiment"])
         elif os.path.abspath(rp) not in ours:
@@ -420,7 +368,7 @@ def load_results(out_dir: str, order: Optional[Sequence[str]] = None) -> List[Co
     """Every finished configuration under ``out_dir`` (experiment order, then ``order``, then name)."""
     found = []
     for rp in _result_files(out_dir):
-        data, problem = _load_result(rp)
+        data, problem = load_result(rp)
         if problem is not None:
             raise RunError(f"result file {rp} is damaged ({problem}); delete it, or rerun its configuration with "
                            "--resume to recompute it")

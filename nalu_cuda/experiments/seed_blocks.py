@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .integrity import load_result, result_problem
 from .outdir import RunError
 from .registry import Config, RunOutput
 
@@ -104,14 +105,13 @@ def _block_dirs(out_dir: str, cfg: Config) -> List[Tuple[Range, str]]:
 def on_disk(out_dir: str, cfg: Config) -> Tuple[List[Range], List[Range], List[str]]:
     """The blocks of ``cfg`` in ``out_dir``: finished (a valid result of this very block), started (a
     checkpoint), and the files of blocks that belong to other settings (damaged, or another fingerprint)."""
-    from .runner import _load_result
 
     done, started, foreign = [], [], []
     for (lo, hi), d in _block_dirs(out_dir, cfg):
         rp, ck = os.path.join(d, "result.json"), os.path.join(d, "checkpoint.pt")
         fits = 0 <= lo < hi <= cfg.seeds
         if os.path.exists(rp):
-            data, problem = _load_result(rp)
+            data, problem = load_result(rp)
             if fits and problem is None and data["fingerprint"] == block_config(cfg, lo, hi).fingerprint():
                 done.append((lo, hi))
             else:
@@ -122,19 +122,34 @@ def on_disk(out_dir: str, cfg: Config) -> Tuple[List[Range], List[Range], List[s
 
 
 def remove_blocks(out_dir: str, cfg: Config) -> None:
+    """Remove the block directories of ``cfg``; the damaged files kept in one stay (and so does it)."""
     for _, d in _block_dirs(out_dir, cfg):
-        shutil.rmtree(d, ignore_errors=True)
+        if not any(".damaged" in name for name in os.listdir(d)):
+            shutil.rmtree(d, ignore_errors=True)
+            continue
+        for name in ("result.json", "checkpoint.pt"):
+            if os.path.exists(os.path.join(d, name)):
+                os.unlink(os.path.join(d, name))
 
 
-def check_existing(cfg: Config, out_dir: str, *, resume: bool, overwrite: bool) -> None:
-    """The runner's rules for the blocks of ``cfg`` in ``out_dir`` (see :func:`.runner._existing`)."""
+def check_existing(cfg: Config, out_dir: str, *, resume: bool, overwrite: bool, log) -> None:
+    """The runner's rules for the blocks of ``cfg`` in ``out_dir`` (see :func:`.runner._existing`); with
+    ``resume``, a damaged result of a block is moved aside (a warning to ``log``) and the block rerun."""
+    from .runner import _damaged
+
     if overwrite:
         remove_blocks(out_dir, cfg)
         return
+    for (lo, hi), d in _block_dirs(out_dir, cfg) if resume else []:
+        rp = os.path.join(d, "result.json")
+        problem = load_result(rp)[1] if os.path.exists(rp) and 0 <= lo < hi <= cfg.seeds else None
+        if problem is not None:
+            _damaged(rp, "result file", problem, block_config(cfg, lo, hi), resume, log)
     done, started, foreign = on_disk(out_dir, cfg)
     if foreign:
         raise RunError(f"{foreign[0]} (a block of seeds of {cfg.key}) is damaged or holds results of other settings "
-                       "of this configuration. Use another --out, or --overwrite to replace them")
+                       "of this configuration. Use another --out, --resume to recompute a damaged one, or --overwrite "
+                       "to replace them")
     if (done or started) and not resume:
         raise RunError(f"{cfg.key} has finished or started blocks of seeds in {out_dir} (from a sharded run): pass "
                        "--resume to continue from them, or --overwrite to recompute")
@@ -238,9 +253,14 @@ def splittable(cfg: Config) -> bool:
 def merge(cfg: Config, parts: Sequence[Tuple[Range, Dict[str, Any]]]) -> Tuple[RunOutput, float, str]:
     """The blocks' ``result.json`` data (covering ``[0, cfg.seeds)``) -> the whole configuration's
     output, its training time (the blocks' sum) and its device(s)."""
+
     parts = sorted(parts, key=lambda p: p[0][0])
     pos = 0
     for (lo, hi), data in parts:
+        problem = result_problem(data)  # results gathered from other ranks are checked here
+        if problem is not None:
+            raise RunError(f"cannot merge the seed blocks of {cfg.key}: the result of block [{lo}, {hi}) is "
+                           f"damaged ({problem})")
         if lo != pos or data["fingerprint"] != block_config(cfg, lo, hi).fingerprint():
             raise RunError(f"cannot merge the seed blocks of {cfg.key}: block [{lo}, {hi}) does not fit")
         pos = hi

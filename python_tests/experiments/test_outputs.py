@@ -130,20 +130,20 @@ def test_a_hand_edited_checkpoint_with_a_missing_field_is_named(tmp_path, monkey
     ck = runner.checkpoint_path(out, cfg)
     data = torch.load(ck, weights_only=True)
     history = data["state"].pop("history")
-    torch.save(data, ck)
+    torch.save(runner.seal(data), ck)  # sealed again: as if written so (edits alone break the checksum)
     other = static_config("nac", ["add"], 1, 80, name=cfg.name, **SMALL)  # same name, other settings
     with pytest.raises(runner.RunError, match=f"checkpoint {ck} belongs to a different configuration"):
         runner.run_one(other, out, progress=False, log=lambda m: None)
-    with pytest.raises(runner.RunError, match=f"checkpoint {ck} has no field 'state.history'"):
+    with pytest.raises(runner.RunError, match=f"checkpoint {ck}: field 'state.history' is missing"):
         runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
     data["state"]["history"] = history
     name = next(iter(data["state"]["model"]))
     del data["state"]["model"][name]
-    torch.save(data, ck)
-    with pytest.raises(runner.RunError, match=f"checkpoint {ck} does not fit the model of static/.*{name}"):
+    torch.save(runner.seal(data), ck)
+    with pytest.raises(runner.RunError, match=f"checkpoint {ck}: field 'state.model.{name}' is missing, expected a"):
         runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
     del data["state"]
-    torch.save(data, ck)
+    torch.save(runner.seal(data), ck)
     with pytest.raises(runner.RunError, match="has no field 'state'"):
         runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
 

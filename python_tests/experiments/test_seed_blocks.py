@@ -13,7 +13,7 @@ from nalu_cuda.experiments.tasks.recurrent import recurrent_config
 from nalu_cuda.experiments.tasks.static import static_config
 
 QUIET = dict(progress=False, log=lambda msg: None)
-TIMINGS = ("wall_s", "finished", "train_wall_s", "device", "seed_blocks")
+TIMINGS = ("wall_s", "finished", "train_wall_s", "device", "seed_blocks", "checksum")
 
 CONFIGS = {
     "static": lambda: static_config("nalu-separate", ["add", "mul"], 4, 40, eval_every=10, n_valid=300, n_test=300,

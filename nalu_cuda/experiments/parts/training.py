@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..integrity import CheckpointState
 from ..registry import Context
 from .optim import FlatAdam
 
@@ -185,6 +186,33 @@ class BestState:
         self.saved = {k: v.clone() for k, v in state["saved"].items()}
 
 
+def checked_checkpoint(ck: Dict[str, Any], like: Dict[str, Any], steps: int, series: Sequence[str]):
+    """``ck`` (a checkpoint's state, as :func:`train_ensemble` saves it) with every field checked
+    against ``like`` (the state this run would save: same keys, kinds, tensor shapes and dtypes), the
+    step an integer in ``[0, steps]``, ``best_step`` and ``solved_at`` no later than it, and the
+    history's ``series`` (and ``loss``) rows of a step and ``E`` numbers. Returns it as a
+    :class:`~..integrity.CheckpointState`; a field that is not right is a ``RunError`` naming it."""
+
+    ck = ck if isinstance(ck, CheckpointState) else CheckpointState(ck)
+    step = ck.field("step", like=int, within=(0, steps))
+    for key in ("model", "opt", "diverged", "final_loss", "stream"):
+        ck.field(key, like=like[key])
+    best = ck.field("best", like=like["best"])
+    best.field("best_step", like=like["best"]["best_step"], within=(0, step))
+    ck.field("solved_at", like=like["solved_at"], within=(-1, step))
+    if "wall_s" in ck:
+        ck.field("wall_s", like=0.0, within=(0, math.inf))
+    history = ck.field("history", like=dict)
+    E = like["diverged"].numel()
+    for name in ["loss", *series]:
+        rows = history.field(name, like=list)
+        for i, row in enumerate(rows):
+            if not (isinstance(row, list) and len(row) == E + 1 and all(isinstance(v, (int, float)) for v in row)
+                    and type(row[0]) is int and row[0] >= 0):
+                raise history.error(f".{name}[{i}]", f"a list [step, {E} numbers]", repr(row)[:60])
+    return ck
+
+
 def train_ensemble(
     model: nn.Module,
     E: int,
@@ -299,14 +327,22 @@ def train_ensemble(
     final_loss = torch.full((E,), math.nan, dtype=torch.float64)
     wall_before = 0.0
 
+    def saved_state(step: int, wall_s: float) -> Dict[str, Any]:
+        """What a checkpoint holds (and what one read back is checked against)."""
+        return {"model": model.state_dict(), "opt": opt.state_dict(), "diverged": diverged.cpu(),
+                "best": best.state_dict(), "solved_at": solved_at, "history": history, "step": step,
+                "final_loss": final_loss, "wall_s": wall_s,
+                "stream": stream_state[0]() if stream_state is not None else None}
+
     ck = ctx.load_checkpoint()
     if ck is not None:
+        ck = checked_checkpoint(ck, saved_state(0, 0.0), steps, [val_name, *(t.name for t in tests)])
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         diverged = ck["diverged"].to(dev)
         best.load_state_dict(ck["best"])
         solved_at = ck["solved_at"]
-        history, start = ck["history"], ck["step"]
+        history, start = dict(ck["history"]), ck["step"]  # a plain dict: saved again in the next checkpoint
         final_loss, wall_before = ck["final_loss"], ck.get("wall_s", 0.0)
         if stream_state is not None:
             stream_state[1](ck["stream"])
@@ -345,12 +381,7 @@ def train_ensemble(
             opt.reset_moments(diverged)
 
     def checkpoint(step: int) -> None:
-        ctx.save_checkpoint({
-            "model": model.state_dict(), "opt": opt.state_dict(), "diverged": diverged.cpu(), "best": best.state_dict(),
-            "solved_at": solved_at, "history": history,
-            "step": step, "final_loss": final_loss, "wall_s": wall_before + time.perf_counter() - t0,
-            "stream": stream_state[0]() if stream_state is not None else None,
-        })
+        ctx.save_checkpoint(saved_state(step, wall_before + time.perf_counter() - t0))
 
     def stalled_members(step: int) -> None:
         """iNALU's re-initialisation of the members whose loss windows since their last one stalled."""
