@@ -11,13 +11,17 @@ One subcommand per registered experiment (:mod:`nalu_cuda.experiments`), plus ``
     torchrun --nproc-per-node 4 -m nalu_cuda reproduce --out runs/quick   # configurations split over 4 ranks
 
 Exit codes: 0 success; 2 bad arguments (refused before any work, naming the option, the value and
-what is allowed), result/checkpoint files that cannot be used as asked, or an output directory that
-is in use by another run, not writable, or holds files nalu-cuda did not write (the message says
-what to do); 130 interrupted (finished configurations are kept: ``--resume``).
+what is allowed: counts above their bounds, non-finite numbers, ranges whose targets overflow, runs
+whose estimated memory exceeds the machine's), result/checkpoint files that cannot be used as asked,
+or an output directory that is in use by another run, not writable, or holds files nalu-cuda did not
+write (the message says what to do); 1 a file could not be written during the run (a full disk...)
+or the run ran out of memory (one line; finished configurations are kept: ``--resume``); 130
+interrupted (finished configurations are kept: ``--resume``).
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import shlex
@@ -30,7 +34,12 @@ from typing import Any, Callable, List, Optional, Sequence
 PROFILES = ("quick", "standard", "paper")
 
 __all__ = ["main", "build_parser", "positive_int", "non_negative_int", "positive_float", "non_negative_float",
-           "finite_float", "comma_list", "directory", "mnist_directory", "device"]
+           "finite_float", "at_most", "seed_count", "step_count", "phase_step_count", "thread_count", "comma_list",
+           "directory", "mnist_directory", "device", "MAX_SEEDS", "MAX_STEPS"]
+
+# Upper bounds of counts whose larger values only hang or exhaust the machine.
+MAX_SEEDS = 10 ** 6   # every seed is a member of one ensemble, trained at once
+MAX_STEPS = 10 ** 12  # a step takes at least a microsecond: 1e12 steps would run for over 11 days
 
 
 # ------------------------------------------------------------------------------------------------
@@ -73,6 +82,30 @@ def non_negative_float(text: str) -> float:
 def finite_float(text: str) -> float:
     """A finite number (ends of input ranges)."""
     return _number(text, float, "a finite number", lambda v: True)
+
+
+def at_most(item: Callable[[str], int], high: int, why: str) -> Callable[[str], int]:
+    """``item`` (e.g. :func:`positive_int`) bounded above by ``high``, for the reason ``why``."""
+    def parse(text: str) -> int:
+        v = item(text)
+        if v > high:
+            raise argparse.ArgumentTypeError(f"expected at most {high} ({why}), got {text!r}")
+        return v
+
+    parse.__name__ = item.__name__
+    return parse
+
+
+_STEPS_WHY = "a step takes at least a microsecond: more would run for weeks"
+seed_count = at_most(positive_int, MAX_SEEDS, "every seed is a member of one ensemble, trained at once")
+step_count = at_most(positive_int, MAX_STEPS, _STEPS_WHY)
+phase_step_count = at_most(non_negative_int, MAX_STEPS, _STEPS_WHY)  # steps of an optional phase (0: none)
+
+
+def thread_count(text: str) -> int:
+    """An integer from 1 to the number of CPU cores (more threads only compete for the same cores)."""
+    cores = os.cpu_count() or 1
+    return at_most(positive_int, cores, "the CPU cores of this machine")(text)
 
 
 def comma_list(item: Callable[[str], Any]) -> Callable[[str], List[Any]]:
@@ -146,8 +179,10 @@ def _add_common(p: argparse.ArgumentParser, *, defaults_note: str = "the experim
     g = p.add_argument_group("run options")
     g.add_argument("--device", type=device, default="cpu",
                    help="torch device: cpu (default) or cuda[:N]; checked at start by a NALU step on it")
-    g.add_argument("--seeds", type=positive_int, default=None, help=f"seeds per configuration ({defaults_note})")
-    g.add_argument("--steps", type=positive_int, default=None, help=f"training steps ({defaults_note})")
+    g.add_argument("--seeds", type=seed_count, default=None,
+                   help=f"seeds per configuration, at most {MAX_SEEDS:,} ({defaults_note})")
+    g.add_argument("--steps", type=step_count, default=None,
+                   help=f"training steps, at most {MAX_STEPS:,} ({defaults_note})")
     g.add_argument("--out", type=directory, default=None, metavar="DIR",
                    help="output directory: summary.json, per-seed CSVs, report.md, plots, checkpoints; a new or "
                         "empty directory, or one nalu-cuda wrote; one run at a time (default: nalu-results/<command>)")
@@ -157,8 +192,8 @@ def _add_common(p: argparse.ArgumentParser, *, defaults_note: str = "the experim
                    help="discard every earlier result and checkpoint of these configurations in DIR before the run, "
                         "and let nalu-cuda replace files in DIR that it did not write")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
-    g.add_argument("--threads", type=positive_int, default=None,
-                   help="torch CPU threads (default: 1; tiny models gain nothing from more)")
+    g.add_argument("--threads", type=thread_count, default=None,
+                   help="torch CPU threads, at most the CPU cores (default: 1; tiny models gain nothing from more)")
     g.add_argument("--checkpoint-every", type=non_negative_float, default=60.0, metavar="SECONDS",
                    help="seconds between mid-run checkpoints (default: 60)")
 
@@ -223,6 +258,19 @@ def _configs(args: argparse.Namespace):
     return get(args._experiment).configs(args)
 
 
+def _failure(exc: BaseException, out: str) -> str:
+    """One line for an error of the machine during a run (a file that could not be written, memory
+    that ran out): what failed, and that the finished configurations are kept."""
+    if isinstance(exc, MemoryError):
+        what = "the run ran out of memory (lower --seeds or the sizes of the task)"
+    else:
+        target = exc.filename if getattr(exc, "filename", None) else f"a file in {out}"
+        writing = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+        what = f"could not write {target}: {exc.strerror or exc}" if writing else f"{target}: {exc.strerror or exc}"
+    return (f"{what}; the configurations that finished are kept in {out}: continue with the same command "
+            "plus --resume")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from .experiments import distributed
@@ -241,10 +289,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for c in cfgs:
                 print(f"    {c.name}: {c.seeds} seeds x {c.steps} steps")
         return 0
+    from .experiments.resources import check_memory
     from .experiments.runner import RunError, run_configs
 
     try:
         configs = _configs(args)
+        check_memory(configs, args.device)
     except ValueError as exc:
         parser.exit(2, f"nalu-cuda: error: {exc}\n")
     if not configs:
@@ -277,6 +327,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             distributed.run_sharded(configs, out, ranks, log=_log_default, report_every_s=60.0, **run_kw)
     except (RunError, ValueError) as exc:
         parser.exit(2, f"nalu-cuda: error: {exc}\n" if talk else None)
+    except (OSError, MemoryError) as exc:
+        parser.exit(1, f"nalu-cuda: error: {_failure(exc, out)}\n" if talk else None)
     except KeyboardInterrupt:
         if talk:
             print(f"\nnalu-cuda: interrupted; finished configurations are kept in {out}; continue with the same "

@@ -2,8 +2,9 @@
 
 A task module (see :mod:`nalu_cuda.experiments.tasks`) defines ``configs(args)``,
 ``profile_configs(profile)`` and ``run(config, ctx)``, and optionally ``add_arguments(parser)``,
-``summarize(config, records, extra)`` and ``report_section(results, out_dir)``; it ends with one
-call::
+``summarize(config, records, extra)``, ``report_section(results, out_dir)`` and
+``memory_needs(config)`` (the run's dominant tensors, checked before it starts: :mod:`.resources`);
+it ends with one call::
 
     EXPERIMENT = register_task(__name__, name="static", help="...", order=20)
 
@@ -29,7 +30,8 @@ def register_task(module_name: str, *, name: str, help: str, order: int,
     """Register the task module ``module_name`` (pass ``__name__``) from its functions, found by
     their names (``summarize`` overrides the module's own, e.g. :func:`.stats.interval_summary`)."""
     mod = sys.modules[module_name]
-    optional = {k: getattr(mod, k) for k in ("add_arguments", "report_section") if hasattr(mod, k)}
+    optional = {k: getattr(mod, k) for k in ("add_arguments", "report_section", "memory_needs")
+                if hasattr(mod, k)}
     if hasattr(mod, "PROFILES"):
         optional["profiles"] = tuple(mod.PROFILES)
     return register(Experiment(name=name, help=help, configs=mod.configs, profile_configs=mod.profile_configs,

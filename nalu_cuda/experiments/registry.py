@@ -188,6 +188,9 @@ class Experiment:
     * ``order``: position in ``reproduce`` and in the report (lower first).
     * ``profiles``: the profiles it has (``reproduce --profile standard`` runs only the experiments
       that have one: the static task's, Madsen & Johansen's table at 100 seeds).
+    * ``memory_needs(config) -> [resources.Need]``: the tensors that dominate a run's memory, each
+      with the options that make it grow; the CLI refuses a configuration whose sum cannot fit
+      (:func:`.resources.check_memory`). None: nothing is checked.
     """
 
     name: str
@@ -200,6 +203,11 @@ class Experiment:
     report_section: Callable[[Sequence[ConfigResult], str], str] = _default_report
     order: int = 100
     profiles: Tuple[str, ...] = ("quick", "paper")
+    memory_needs: Optional[Callable[[Config], Sequence[Any]]] = None
+
+    def memory(self, config: Config) -> List[Any]:
+        """What ``memory_needs`` declares for ``config`` (nothing when the experiment declares nothing)."""
+        return [] if self.memory_needs is None else list(self.memory_needs(config))
 
     def summary(self, config: Config, records: List[Dict[str, Any]], extra: Dict[str, Any]):
         if self.summarize is None:

@@ -140,15 +140,20 @@ def test_corrupt_or_mismatched_files_are_refused(tmp_path):
     out = str(tmp_path)
     cfg = static_config("nac", ["add"], 1, 20, **SMALL)
     os.makedirs(runner.config_dir(out, cfg))
-    with open(runner.checkpoint_path(out, cfg), "wb") as f:
+    ck = runner.checkpoint_path(out, cfg)
+    with open(ck, "wb") as f:
         f.write(b"not a checkpoint")
-    with pytest.raises(runner.RunError, match="corrupt"):
-        runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
+    with pytest.raises(runner.RunError, match="damaged"):
+        runner.run_one(cfg, out, progress=False, log=lambda m: None)
+    logs = []  # --resume recomputes from the start, says so, and keeps the damaged checkpoint aside
+    assert len(runner.run_one(cfg, out, resume=True, progress=False, log=logs.append).records) == 1
+    assert any("damaged" in m and ck in m for m in logs) and open(ck + ".damaged", "rb").read() == b"not a checkpoint"
+    os.unlink(runner.result_path(out, cfg))
     other = static_config("nac", ["add"], 1, 20, name=cfg.name, **{**SMALL, "lr": 0.5})
-    torch.save({"fingerprint": other.fingerprint(), "state": {}}, runner.checkpoint_path(out, cfg))
+    torch.save(runner.seal({"fingerprint": other.fingerprint(), "config": other.to_dict(), "state": {}}), ck)
     with pytest.raises(runner.RunError, match="different configuration"):
         runner.run_one(cfg, out, resume=True, progress=False, log=lambda m: None)
-    os.unlink(runner.checkpoint_path(out, cfg))
+    os.unlink(ck)
     rp = runner.result_path(out, cfg)
     with open(rp, "w") as f:
         f.write('{"truncated": ')

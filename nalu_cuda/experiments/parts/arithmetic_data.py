@@ -46,6 +46,8 @@ __all__ = [
     "SubsetLayout",
     "subset_layout",
     "apply_op",
+    "largest_target",
+    "check_targets",
     "mse_threshold",
     "recurrent_mse_threshold",
     "PUBLISHED_THRESHOLDS",
@@ -91,6 +93,39 @@ def apply_op(op: str, a, b):
     if op == "root":
         return a.sqrt() if isinstance(a, Tensor) else np.sqrt(a)
     raise ValueError(f"unknown operation {op!r}")
+
+
+# The largest float32 (the training dtype): a target beyond it makes every loss infinite.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def largest_target(op: str, r: "Range", terms: int) -> float:
+    """An upper bound of ``|op(a, b)|`` for ``a``, ``b`` sums of ``terms`` inputs drawn from ``r``
+    (``inf`` when it overflows; for ``div`` 0 when ``r`` reaches 0, where no quotient bound exists)."""
+    big = terms * max(abs(r.lo), abs(r.hi))
+    if op in ("add", "sub"):
+        return 2 * big
+    if op in ("mul", "squared"):
+        return big * big
+    if op == "root":
+        return math.sqrt(big)
+    small = terms * (r.lo if r.lo > 0 else -r.hi if r.hi <= 0 else 0.0)  # smallest |b|
+    return big / small if small > 0 else 0.0
+
+
+def check_targets(ops: Sequence[str], r: "Range", terms: int, what: str, training: bool = False) -> None:
+    """Refuse (a ValueError naming ``what``, the option) a range whose targets overflow float32, the
+    training dtype, or, for the ``training`` range, whose squares (the loss of a model that has not
+    learned yet) do. A range that passes has a finite success threshold too: its float64 sum of
+    squared epsilon-perfect errors, each at most a few targets."""
+    limit = math.sqrt(FLOAT32_MAX) if training else FLOAT32_MAX
+    for op in ops:
+        top = largest_target(op, r, terms)
+        if not top < limit:
+            why = "their squares, the training loss," if training else "they"
+            raise ValueError(f"{what}: the range {r} gives targets {OP_SYMBOLS[op]} up to {top:.3g} (a and b sum "
+                             f"{terms} inputs); {why} would exceed the largest float32 ({FLOAT32_MAX:.3g}), the "
+                             "training dtype, and not be finite; choose smaller numbers")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -40,9 +40,10 @@ from torch import Tensor
 
 import nalu_cuda
 
-from ...cli import mnist_directory, non_negative_int, positive_int
+from ...cli import mnist_directory, phase_step_count, positive_int
 from .. import registry
 from ..params import task_params
+from ..resources import FLOAT, Need, digit_images
 from ..parts.digit_sequences import MODELS, TASKS, DigitSequenceModel, fixed_sequences, pretrain_cnn, sequence_targets
 from ..parts.layers import ensemble_gather
 from ..parts.mnist_data import DigitImages, load_digit_images
@@ -249,7 +250,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="directory with the four MNIST IDX files (default: scikit-learn's bundled 8x8 digits)")
     parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="test sequence lengths")
     parser.add_argument("--max-train", type=positive_int, default=None, help="use only the first N training images")
-    parser.add_argument("--pretrain-steps", type=non_negative_int, default=None,
+    parser.add_argument("--pretrain-steps", type=phase_step_count, default=None,
                         help="CNN pre-training steps as a single-image classifier (default: the quick profile's)")
     add_backend_argument(parser)
 
@@ -434,6 +435,20 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     lines.append("")
     lines += figure_lines(_plot(results, out_dir, lengths), "accuracy and relative error against sequence length")
     return "\n".join(lines)
+
+
+def memory_needs(config: registry.Config) -> List[Need]:
+    """The dominant tensors of a run (checked before it starts: :mod:`..resources`)."""
+    p = task_params(DigitsParams, config)
+    E, (pix, n_test) = float(config.seeds), digit_images(p.mnist_dir)
+    n_seqs = {int(k): v for k, v in (p.test_seqs or DEFAULT_TEST_SEQS).items()}
+    state = (p.code + 4 * p.hidden) * FLOAT
+    longest = max(float(n_seqs.get(L, 100)) * L * 8 + E * min(n_seqs.get(L, 100), 50) * float(L) * state
+                  for L in p.lengths)
+    return [Need("the test sequences of the longest length", "--lengths, --seeds", longest),
+            Need("the test images through the CNN", "--seeds", E * n_test * p.channels[0] * pix * FLOAT),
+            Need("a training step", "--seeds",
+                 E * (p.pool * p.channels[0] * pix + p.batch * p.train_length * state) * FLOAT * 3)]
 
 
 EXPERIMENT = register_task(__name__, name=NAME, order=50, summarize=interval_summary,

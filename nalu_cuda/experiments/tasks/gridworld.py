@@ -43,8 +43,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ...cli import positive_float, positive_int
 from .. import registry
 from ..params import task_params
+from ..resources import FLOAT, Need
 from ..parts.gridworld_agent import AGENTS, GridAgent, episode_seed, a2c_loss, evaluate_by_T, play
 from ..parts.gridworld_env import FRAME, GridWorldVectorEnv, render_frames, to_image
 from ..parts.seeding import member_generators
@@ -171,10 +173,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", choices=tuple(PROFILES), default="quick",
                         help="model size and evaluation budget (quick: pooled 14x14 frames, small nets; "
                              "paper: full 56x56 frames, 256-unit LSTM); --seeds/--steps override its budget")
-    parser.add_argument("--envs", type=int, default=None, help="episodes per seed and update")
-    parser.add_argument("--episodes", type=int, default=None, help="evaluation episodes per seed and T")
-    parser.add_argument("--eval-t-max", type=int, default=None, help="evaluate T = 1 .. this")
-    parser.add_argument("--lr", type=float, default=None, help="Adam learning rate")
+    parser.add_argument("--envs", type=positive_int, default=None, help="episodes per seed and update")
+    parser.add_argument("--episodes", type=positive_int, default=None, help="evaluation episodes per seed and T")
+    parser.add_argument("--eval-t-max", type=positive_int, default=None, help="evaluate T = 1 .. this (at least 13)")
+    parser.add_argument("--lr", type=positive_float, default=None, help="Adam learning rate")
     add_backend_argument(parser)
 
 
@@ -189,9 +191,7 @@ def configs(args: argparse.Namespace) -> List[registry.Config]:
                 raise ValueError(f"--{opt.replace('_', '-')} must be at least {low}, got {v}")
             params[key] = int(v)
     if args.lr is not None:
-        if not args.lr > 0:
-            raise ValueError(f"--lr must be positive, got {args.lr}")
-        params["lr"] = float(args.lr)
+        params["lr"] = args.lr
     seeds, steps = run_options(args, params, pr)
     return make_configs(agents, seeds, steps, **params)
 
@@ -350,6 +350,29 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     return "\n".join(lines)
 
 
+def _step_floats(p: GridworldParams) -> float:
+    """Floats of one agent step of one episode: the pooled frame, the convolutions' outputs, the
+    features and the LSTM's gates and states."""
+    side = FRAME // p.pool
+    total = float(side * side)
+    for channels, kernel, stride in p.conv:
+        side = max(1, (side - kernel) // stride + 1)
+        total += channels * side * side
+    return total + p.features + 8 * p.hidden
+
+
+def memory_needs(config: registry.Config) -> List[Need]:
+    """The dominant tensors of a run (checked before it starts: :mod:`..resources`)."""
+    p = task_params(GridworldParams, config)
+    E, steps, step = float(config.seeds), p.t_high + p.slack, _step_floats(p) * FLOAT
+    frames = FRAME * FRAME * 3 * FLOAT
+    return [Need("the training episodes and their activations", "--envs, --seeds", E * p.envs * (steps * step * 2 + frames)),
+            Need("the validation episodes", "--seeds", E * p.n_val * (step + frames)),
+            Need("the list of evaluation episodes", "--episodes, --eval-t-max", float(p.eval_t_max) * p.episodes * 8 * 2),
+            Need("a chunk of evaluation episodes", "--eval-t-max",
+                 4096.0 * (step + frames + (p.eval_t_max + p.slack) * 16 * FLOAT))]
+
+
 EXPERIMENT = registry.register(registry.Experiment(
     name=NAME,
     help="grid-world time tracking (Fig. 5): A3C agent with and without a NAC",
@@ -360,4 +383,5 @@ EXPERIMENT = registry.register(registry.Experiment(
     summarize=interval_summary,
     report_section=report_section,
     order=90,
+    memory_needs=memory_needs,
 ))

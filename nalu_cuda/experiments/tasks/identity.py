@@ -27,6 +27,7 @@ from ..parts.training import EvalSet, train_ensemble
 from ..parts.uniform_stream import UniformStream
 from ..plugin import register_task
 from ..registry import Config, ConfigResult, Context, RunOutput, default_summary
+from ..resources import ADAM, FLOAT, Need
 
 __all__ = ["EXPERIMENT", "identity_config", "run", "IDENTITY_MODELS"]
 
@@ -281,6 +282,17 @@ def _plot_fig1(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]:
     ax.set_title("MLPs (3 x 8 hidden) trained on y = x")
     ax.legend(fontsize=7, ncol=2)
     return save_figure(fig, out_dir, "identity_fig1.png")
+
+
+def memory_needs(cfg: Config) -> List[Need]:
+    """The dominant tensors of a run (checked before it starts: :mod:`..resources`)."""
+    p = IdentityParams.from_params(cfg.params)
+    S, sizes = float(cfg.seeds), [1] + list(p.hidden) + [1]
+    return [Need("the evaluation sets' per-seed targets and outputs", "--seeds",
+                 S * (p.n_valid + p.fig_points + p.n_table) * FLOAT * 2),
+            Need("the prefetched training batches", "--seeds", S * p.batch * FLOAT * 128),
+            Need("the models and their optimisers", "--seeds",
+                 S * sum(a * b for a, b in zip(sizes, sizes[1:])) * FLOAT * ADAM)]
 
 
 EXPERIMENT = register_task(__name__, name="identity", order=10,

@@ -34,6 +34,7 @@ import nalu_cuda
 from ...cli import comma_list, non_negative_int, positive_float, positive_int
 from .. import registry
 from ..params import task_params
+from ..resources import ADAM, FLOAT, Need
 from ..parts.layers import EnsembleEmbedding, EnsembleLinear
 from ..parts.number_words import SPLIT_SIZES, VOCAB, make_split, number_to_words, tokens_tensor
 from ..parts.number_words import MAX_TOKENS, ONES, TENS  # noqa: F401  (the task's names for its data)
@@ -448,6 +449,19 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
             lines.append("")
         lines += figure_lines(_plot_fig3(by, out_dir), "running estimates after each token")
     return "\n".join(lines)
+
+
+def memory_needs(config: registry.Config) -> List[Need]:
+    """The dominant tensors of a run (checked before it starts: :mod:`..resources`)."""
+    p = task_params(LanguageParams, config)
+    E, N = float(len(p.lrs) * config.seeds), max(SPLIT_SIZES.values())
+
+    def size(emb: int, hidden: int) -> float:
+        weights = ((emb + hidden) * 4 * hidden + len(VOCAB) * emb) * FLOAT * ADAM
+        return E * (weights + N * MAX_TOKENS * 4 * hidden * FLOAT * 2)
+
+    return [Need("the largest model, its optimiser and its states over a split", "--hidden, --emb, --seeds, --lrs",
+                 max(size(float(e), float(h)) for e, h in p.sizes))]
 
 
 EXPERIMENT = register_task(__name__, name=NAME, order=60, summarize=interval_summary,

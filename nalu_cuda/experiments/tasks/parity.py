@@ -33,6 +33,7 @@ import nalu_cuda
 from ...cli import mnist_directory, positive_int
 from .. import registry
 from ..params import task_params
+from ..resources import ADAM, FLOAT, Need, digit_images
 from ..parts.layers import EnsembleCNN, EnsembleLinear
 from ..parts.mnist_data import load_digit_images
 from ..parts.seeding import member_generators
@@ -261,6 +262,17 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
                          f"previous best model, not against our affine baseline).")
             lines.append("")
     return "\n".join(lines)
+
+
+def memory_needs(config: registry.Config) -> List[Need]:
+    """The dominant tensors of a run (checked before it starts: :mod:`..resources`)."""
+    p = task_params(ParityParams, config)
+    E, pix = float(config.seeds), digit_images(p.mnist_dir)[0] * p.digits  # K digits side by side
+    C1, C2, n = p.channels[0], p.channels[-1], max(p.n_val, p.n_test)
+    return [Need("the composed validation and test images", "--digits", (p.n_val + p.n_test) * pix * FLOAT),
+            Need("the CNN's activations on the test images", "--digits, --seeds", E * n * C1 * pix * FLOAT),
+            Need("the CNN's activations on a batch", "--digits, --seeds", E * p.batch * C1 * pix * FLOAT * 3),
+            Need("the CNN and its optimiser", "--digits, --seeds", E * C2 * pix / 16 * p.hidden * FLOAT * ADAM)]
 
 
 EXPERIMENT = register_task(__name__, name=NAME, order=80, summarize=interval_summary,

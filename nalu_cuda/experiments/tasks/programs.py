@@ -40,6 +40,7 @@ import nalu_cuda
 from ...cli import positive_int
 from .. import registry
 from ..params import task_params
+from ..resources import ADAM, FLOAT, Need
 from ..parts.layers import EnsembleEmbedding, EnsembleLinear, ensemble_gather
 from ..parts.seeding import member_generators
 from ..parts.sequence_models import make_recurrent
@@ -379,6 +380,18 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
             lines.append("")
     lines += figure_lines(_plot(results, out_dir), "learning curves per test domain, mean and 2-sigma bands over seeds")
     return "\n".join(lines)
+
+
+PROGRAM_CHARS = 20  # the shortest of the longest programs of a set (additions of 2-digit numbers)
+
+
+def memory_needs(config: registry.Config) -> List[Need]:
+    """The dominant tensors of a run (checked before it starts: :mod:`..resources`)."""
+    p = task_params(ProgramsParams, config)
+    E, H, T = float(config.seeds), float(p.hidden), PROGRAM_CHARS
+    return [Need("the recurrent layer and its optimiser", "--hidden, --seeds", E * (p.emb + H) * 4 * H * FLOAT * ADAM),
+            Need("the recurrent states of a test set", "--hidden, --seeds", E * p.n_test * T * H * FLOAT),
+            Need("the recurrent states of a training batch", "--hidden, --seeds", E * p.batch * T * 4 * H * FLOAT * 2)]
 
 
 EXPERIMENT = register_task(__name__, name=NAME, order=70, summarize=interval_summary,

@@ -31,6 +31,7 @@ from ..parts.arithmetic_models import (resident_graph, RECURRENT_MODELS, build_r
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
 from ..plugin import register_task
 from ..registry import Config, ConfigResult, Context, RunOutput
+from ..resources import ADAM, DOUBLE, FLOAT, Need
 
 __all__ = ["EXPERIMENT", "recurrent_config", "RecurrentParams", "run"]
 
@@ -94,7 +95,9 @@ def recurrent_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, 
               "rnn_hidden", "baseline_models"):
         if int(p[k]) < 1:
             raise ValueError(f"{k} must be at least 1, got {p[k]}")
-    ar.subset_sizes(p["input_size"], p["subset_ratio"], p["overlap_ratio"])
+    size, _ = ar.subset_sizes(p["input_size"], p["subset_ratio"], p["overlap_ratio"])
+    ar.check_targets(ops, interp, size * int(p["train_length"]), "--interp with --train-length", training=True)
+    ar.check_targets(ops, extrap, size * int(p["extrap_length"]), "--extrap with --extrap-length")
     p["interp"], p["extrap"] = interp.to_list(), extrap.to_list()
     p["model"], p["ops"] = model, ops
     ar.reg_params(p, regularizer_schedule)
@@ -308,6 +311,18 @@ def _plot_lengths(results, out_dir) -> Optional[str]:
     curves = [(r.config.params["model"], op, r.extra["length_curve"]["lengths"], med)
               for r in results if r.extra.get("length_curve") for op, med in r.extra["length_curve"]["median_mse"].items()]
     return plot_per_op(curves, out_dir, "recurrent_error_vs_length.png", "sequence length")
+
+
+def memory_needs(cfg: Config) -> List[Need]:
+    """The dominant tensors of a run (checked before it starts: :mod:`..resources`)."""
+    p = RecurrentParams.from_params(cfg.params)
+    S, E, I, H = float(cfg.seeds), float(cfg.seeds * len(p.ops)), p.input_size, p.cell_hidden
+    T, L, gates = float(p.train_length), float(p.extrap_length), 4 if p.model in ("lstm", "gru") else 1
+    return [Need("the evaluation sequences", "--train-length, --extrap-length",
+                 ((p.n_valid + p.n_test) * T + p.n_extrap * L) * I * (FLOAT + DOUBLE)),
+            Need("the prefetched training batches and their activations", "--train-length, --seeds, --op",
+                 S * p.batch * T * I * FLOAT * 16 + E * p.batch * T * (I + gates * H) * FLOAT),
+            Need("the model and its optimiser", "--model, --seeds, --op", E * (I + H) * gates * H * FLOAT * ADAM)]
 
 
 EXPERIMENT = register_task(__name__, name="recurrent", order=30,

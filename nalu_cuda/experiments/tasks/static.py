@@ -32,6 +32,7 @@ from ..parts.arithmetic_models import (resident_graph, ARITHMETIC_MODELS, MLP_MO
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
 from ..plugin import register_task
 from ..registry import Config, Context, RunOutput
+from ..resources import ADAM, DOUBLE, FLOAT, Need
 
 __all__ = ["EXPERIMENT", "static_config", "StaticParams", "run", "STATIC_MODELS", "RANGE_STRESS", "STANDARD_CELLS",
            "PROFILES"]
@@ -121,7 +122,9 @@ def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, nam
             raise ValueError(f"{k} must be at least 1, got {p[k]}")
     if not (p["lr"] > 0):
         raise ValueError(f"learning rate must be positive, got {p['lr']}")
-    ar.subset_sizes(p["input_size"], p["subset_ratio"], p["overlap_ratio"])
+    size, _ = ar.subset_sizes(p["input_size"], p["subset_ratio"], p["overlap_ratio"])
+    ar.check_targets(ops, interp, size, "--interp (the training range)", training=True)
+    ar.check_targets(ops, extrap, size, "--extrap (the extrapolation range)")
     if "root" in ops and interp.lo < 0:
         raise ValueError("sqrt(a) needs a >= 0: the training range must be non-negative for op 'root'")
     p["interp"], p["extrap"] = interp.to_list(), extrap.to_list()
@@ -378,6 +381,19 @@ def profile_configs(profile: str) -> List[Config]:
                 cfgs.append(static_config(m, ["mul"], 50, 5_000_000, interp=[interp], extrap=_pairs(extrap)))
         return cfgs
     raise ValueError(f"unknown profile {profile!r}")
+
+
+def memory_needs(cfg: Config) -> List[Need]:
+    """The dominant tensors of a run (checked before it starts: :mod:`..resources`)."""
+    p = StaticParams.from_params(cfg.params)
+    S, E, I, H = float(cfg.seeds), float(cfg.seeds * len(p.ops)), p.input_size, p.hidden
+    n = max(p.n_valid, p.n_test)
+    return [Need("the float64 inputs of the evaluation sets' targets", "--n-test, --seeds", S * n * I * DOUBLE),
+            Need("the prefetched training batches", "--batch, --seeds, --op",
+                 S * p.batch * I * FLOAT * 32 + E * p.batch * (I + H) * FLOAT),
+            Need("the model and its optimiser", "--hidden, --seeds, --op", E * I * H * FLOAT * ADAM),
+            Need("the hidden activations of an evaluation", "--hidden, --n-test, --seeds, --op",
+                 E * min(n, 256) * H * FLOAT)]
 
 
 from .static_report import report_section, summarize  # noqa: E402  (registered below)
