@@ -69,6 +69,63 @@ def _check_positive_int(cls: str, name: str, value, allow_none: bool = False) ->
         raise ValueError(f"nalu_cuda.{cls}: argument '{name}' must be a positive int, got {value!r}")
 
 
+# State-dict metadata: every nalu_cuda layer's entry in ``state_dict._metadata`` carries
+# ``STATE_DICT_MARK: LAYOUT`` (and the layer's kind), so that loading a state dict written by another
+# module class, whose same-named weights are (out, in), is refused instead of transposing silently.
+# nalu_cuda.compat.mark_nalu_cuda stamps it on a state dict by hand; its to_* converters stamp
+# FOREIGN_LAYOUT on what they write for other codebases.
+STATE_DICT_MARK = "nalu_cuda"
+STATE_DICT_KIND = "nalu_cuda_layer"
+LAYOUT = "(in, out)"
+FOREIGN_LAYOUT = "(out, in)"
+
+
+def _layer_kind(module: nn.Module) -> str:
+    """The public nalu_cuda class a layer is (StableNACLayer -> 'NAC'), by its MRO."""
+    for cls in type(module).__mro__:
+        if cls.__module__ in ("nalu_cuda.modules", "nalu_cuda.unit_modules") and not cls.__name__.startswith("_"):
+            return cls.__name__
+    return type(module).__name__
+
+
+def _layout_problem(layer: nn.Module, state_dict, prefix: str, local_metadata) -> Optional[str]:
+    """Why ``state_dict`` must not be loaded into ``layer`` (keys under ``prefix``), or None."""
+    own = {n: p for n, p in layer._parameters.items() if p is not None}
+    present = {n: state_dict[prefix + n] for n in own if prefix + n in state_dict}
+    if not present:
+        return None
+    name = type(layer).__name__
+    where = f"the keys under {prefix!r}" if prefix else "the state dict"
+    layout = local_metadata.get(STATE_DICT_MARK)
+    convert = ("convert it with nalu_cuda.compat.from_kevinzakka(state_dict, prefix=...) (kevinzakka/NALU-pytorch) "
+               "or nalu_cuda.compat.from_stable_nalu(state_dict, prefix=...) (stable-nalu), or "
+               "nalu_cuda.compat.from_linear_layout (nn.Linear's layout)")
+    if layout == LAYOUT:
+        return None
+    if layout is not None or "version" in local_metadata:
+        if layout is not None:
+            said = f"its metadata says the weights are {layout}" + (
+                " (written by nalu_cuda.compat.to_*)" if layout == FOREIGN_LAYOUT else "")
+        else:
+            said = (f"its metadata (version {local_metadata['version']}, no {STATE_DICT_MARK!r} mark) comes from "
+                    "another module class")
+        return (f"nalu_cuda.{name}: {where} was not written by a nalu_cuda layer: {said}. nalu_cuda stores "
+                f"weights {LAYOUT} (y = x W); other NALU codebases store the same names (out, in) (y = x W^T), "
+                f"and loading those here would compute another function. If it comes from another codebase, "
+                f"{convert}; if it really holds nalu_cuda weights (saved by a version that did not mark its state "
+                "dicts, or its metadata copied from another module), "
+                "declare it with nalu_cuda.compat.mark_nalu_cuda(state_dict).")
+    # no metadata (a dict built by hand or copied key by key): nothing says whose it is, but a
+    # matrix with our shape transposed is another codebase's (out, in) layout
+    for n, v in present.items():
+        want = own[n].shape
+        if (isinstance(v, torch.Tensor) and v.dim() == len(want) >= 2 and v.shape != want
+                and v.shape == (*want[:-2], want[-1], want[-2])):
+            return (f"nalu_cuda.{name}: {n!r} in {where} has shape {list(v.shape)}, the transpose of this layer's "
+                    f"{list(want)} {LAYOUT}: it looks like another codebase's (out, in) layout; {convert}.")
+    return None
+
+
 class _ArithmeticLayer(nn.Module):
     """What NAC, NACMul and NALU share: shapes, backend choice, initialisation helpers."""
 
@@ -158,6 +215,26 @@ class _ArithmeticLayer(nn.Module):
             f"nalu_cuda.{type(self).__name__}: torch.jit.script is not supported (the layer chooses between "
             "the fused ops and the reference in Python, and TorchScript is deprecated); use torch.compile or torch.export"
         )
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # nn.Module.state_dict put this layer's local metadata ({"version": ...}) in
+        # destination._metadata[prefix[:-1]] before calling here: mark it as ours.
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        local = getattr(destination, "_metadata", {}).get(prefix[:-1])
+        if isinstance(local, dict):
+            local[STATE_DICT_MARK] = LAYOUT
+            local[STATE_DICT_KIND] = _layer_kind(self)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # A state dict written by another module class (same names, (out, in) weights) is refused
+        # through error_msgs, which load_state_dict raises as a RuntimeError, strict or not.
+        problem = _layout_problem(self, state_dict, prefix, local_metadata)
+        if problem is not None:
+            error_msgs.append(problem)
+            return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def _base_repr(self) -> str:
         ens = "" if self.ensemble is None else f", ensemble={self.ensemble}"
