@@ -3,7 +3,7 @@ ranks of a ``torch.distributed`` process group, and rank 0 writes the one summar
 
 Launch (any experiment command, or ``reproduce``)::
 
-    torchrun --nproc-per-node 2 -m nalu_cuda reproduce --profile quick --out runs/quick
+    torchrun --standalone --nproc-per-node 2 --max-restarts 1 -m nalu_cuda reproduce --profile quick --out runs/quick
 
 How a run goes (every step is collective; a problem on any rank stops every rank with one message):
 
@@ -41,7 +41,8 @@ most; under a launcher that does not, they finish their shards, rank 0 writes th
 finished, and every rank exits with a :class:`RunError`. Rerun with ``--resume``, with any number of
 ranks. Under
 ``torchrun --max-restarts N`` a restarted group (``TORCHELASTIC_RESTART_COUNT`` > 0) resumes: it
-runs as if ``--resume`` were given (and never ``--overwrite``s what the first attempt finished).
+runs as if ``--resume`` were given (and never ``--overwrite``s what the first attempt finished), its
+process group meeting under a prefix of its own in torchrun's store (:func:`group_store`).
 """
 from __future__ import annotations
 
@@ -60,11 +61,13 @@ import torch
 import torch.distributed as dist
 
 from . import seed_blocks
+from .integrity import load_result
 from .outdir import OutputDir, RunError
 from .registry import Config, ConfigResult
 
-__all__ = ["Ranks", "launched", "restart_count", "select_local_gpu", "init", "rank_device", "estimated_cost", "model_factor",
-           "split_rule", "units", "plan", "run_sharded", "TIMEOUT", "COST_FACTORS", "MODEL_FACTORS"]
+__all__ = ["Ranks", "launched", "restart_count", "select_local_gpu", "group_store", "init", "rank_device",
+           "estimated_cost", "model_factor", "split_rule", "units", "plan", "run_sharded", "TIMEOUT", "COST_FACTORS",
+           "MODEL_FACTORS"]
 
 # The collectives carry results, not gradients: a rank waits at the gather for the slowest shard.
 TIMEOUT = _dt.timedelta(days=7)
@@ -123,8 +126,28 @@ def select_local_gpu() -> None:
         torch.cuda.set_device(rank_device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
 
 
+def group_store(timeout: _dt.timedelta = TIMEOUT) -> Optional[dist.Store]:
+    """The store this attempt's process group meets in: under ``torchrun`` (which shares its rendezvous
+    TCPStore with the workers, ``TORCHELASTIC_USE_AGENT_STORE=True``) a client of that store behind a
+    prefix of its own per attempt (``TORCHELASTIC_RESTART_COUNT``) and world size; None otherwise
+    (``env://``: rank 0 hosts a fresh store at ``MASTER_PORT``).
+
+    Why: torchrun keeps that one store for the whole job and (in torch 2.13, and other recent releases)
+    gives ``env://`` no per-attempt prefix, so a restarted group found the keys its first attempt wrote,
+    among them the addresses gloo's ``connectFullMesh`` publishes: a new rank read a dead rank's address
+    before its successor overwrote it, and failed with "Connection refused" (or waited on a port that
+    nobody would open again). The default process group's keys are the same in every attempt."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    world = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(host_name=os.environ["MASTER_ADDR"], port=int(os.environ["MASTER_PORT"]),
+                          world_size=world, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"nalu_cuda/restart_{restart_count()}/world_{world}", store)
+
+
 def init(device: str) -> Ranks:
-    """Join the process group the launcher describes (``env://``); gloo for a CPU device, NCCL for CUDA."""
+    """Join the process group the launcher describes (its store: :func:`group_store`, else ``env://``);
+    gloo for a CPU device, NCCL for CUDA."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = torch.device(rank_device(device, local_rank))
     # NCCL needs a GPU of its own per rank; ranks that share one (more ranks than GPUs on a node) use
@@ -132,12 +155,43 @@ def init(device: str) -> Ranks:
     own_gpu = dev.type == "cuda" and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= torch.cuda.device_count()
     backend = "nccl" if own_gpu else "gloo"
     if not dist.is_initialized():
+        store = group_store()
+        where: Dict[str, Any] = {} if store is None else dict(
+            store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
         if own_gpu:
             torch.cuda.set_device(dev)
-            dist.init_process_group(backend, timeout=TIMEOUT, device_id=dev)
+            dist.init_process_group(backend, timeout=TIMEOUT, device_id=dev, **where)
         else:
-            dist.init_process_group(backend, timeout=TIMEOUT)
+            dist.init_process_group(backend, timeout=TIMEOUT, **where)
     return Ranks(dist.get_rank(), dist.get_world_size(), local_rank, dist.get_backend())
+
+
+def _test_fault(started: int, ranks: Ranks, out_dir: str, cfg: Config) -> None:
+    """Fault injection, for tests only (python_tests/test_distributed_elastic.py); unset, nothing. On the
+    first attempt (no torchrun restart yet), rank ``NALU_CUDA_TEST_KILL_RANK`` SIGKILLs itself when it is
+    about to start unit ``NALU_CUDA_TEST_KILL_AFTER`` + 1 of its shard (after that many), or, with
+    ``NALU_CUDA_TEST_KILL_AT=checkpoint``, as soon as that unit's first checkpoint is written."""
+    rank = os.environ.get("NALU_CUDA_TEST_KILL_RANK")
+    if rank is None or int(rank) != ranks.rank or restart_count() > 0 or \
+            started != int(os.environ.get("NALU_CUDA_TEST_KILL_AFTER", "0")):
+        return
+    import signal
+    import threading
+
+    from .runner import checkpoint_path
+
+    ck = checkpoint_path(out_dir, cfg)
+    at_checkpoint = os.environ.get("NALU_CUDA_TEST_KILL_AT") == "checkpoint"
+
+    def kill() -> None:
+        while at_checkpoint and not os.path.exists(ck):
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if at_checkpoint:
+        threading.Thread(target=kill, daemon=True).start()
+    else:
+        kill()
 
 
 def model_factor(model: Any) -> float:
@@ -235,12 +289,12 @@ def _read(path: str) -> str:
 def _local_status(configs: Sequence[Config], out_dir: str) -> List[Tuple[bool, bool, list, list]]:
     """Per configuration: a valid result of it in ``out_dir``; a checkpoint of it there; its blocks of
     seeds there, finished and started."""
-    from .runner import _load_result, checkpoint_path, result_path
+    from .runner import checkpoint_path, result_path
 
     status = []
     for cfg in configs:
         rp = result_path(out_dir, cfg)
-        data, problem = _load_result(rp) if os.path.exists(rp) else (None, "absent")
+        data, problem = load_result(rp) if os.path.exists(rp) else (None, "absent")
         blocks = seed_blocks.on_disk(out_dir, cfg)[:2] if seed_blocks.splittable(cfg) else ([], [])
         status.append((problem is None and data["fingerprint"] == cfg.fingerprint(),
                        os.path.exists(checkpoint_path(out_dir, cfg)), *blocks))
@@ -352,6 +406,7 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
         for n, unit in enumerate(mine):
             cfg = unit.config
             rank_log(f"[{n + 1}/{len(mine)}] {cfg.key}: {cfg.seeds} seeds x {cfg.steps} steps")
+            _test_fault(n, ranks, out_dir, cfg)
             try:
                 r = runner.run_one(cfg, out_dir, device=my_device, resume=resume, overwrite=overwrite,
                                    progress=progress and ranks.rank == 0, log=rank_log,
