@@ -2,9 +2,9 @@
 
 A preset maps a parameter *role* to a fill function. A module lists its parameters with their
 roles (``NALU``: ``W_hat``, ``M_hat``, ``W_hat_m``, ``M_hat_m`` are ``"nac"``, ``G`` is ``"gate"``
-or ``"gate_independent"``, ``G_bias`` is ``"gate_bias"``) and :func:`reset` fills them, member by
-member of an ensemble, parameter by parameter in the listed order. A new module plugs in by naming
-its roles and, for a role no preset has yet, calling :func:`register` once per preset.
+or ``"gate_independent"``, ``G_bias`` is ``"gate_bias"``; ``NAU``'s ``W`` is ``"nau"``, ``NMU``'s
+``"nmu"``) and :func:`reset` fills them, member by member of an ensemble, parameter by parameter in
+the listed order. A new module plugs in by naming its roles and, for a role no preset has yet, calling :func:`register` once per preset.
 
 A fill function is ``fill(view, fan_in, fan_out, generator)``; it fills ``view`` in place.
 ``view`` is one member's parameter in this library's layout: ``(in, out)`` for a matrix, ``(out,)``
@@ -18,16 +18,20 @@ preset             what it draws
 ``stable-nalu``    (the default) ``"nac"``: U(-r, r), ``r = min(0.5, sqrt(3) sqrt(2 / (in + out)))``
                    (Madsen & Johansen's NAU bound); ``"gate"``: Glorot uniform,
                    U(-sqrt(6 / (in + out)), +sqrt(6 / (in + out))) (their NALU gate: gain 1);
-                   ``"gate_independent"``, ``"gate_bias"``: 0. Drawn in ``(in, out)`` order.
+                   ``"gate_independent"``, ``"gate_bias"``: 0; ``"nau"`` (NAU's ``W``): U(-r, r), the
+                   same ``r``; ``"nmu"`` (NMU's ``W``): U(0.25, 0.75). Drawn in ``(in, out)`` order.
 ``stable-nalu-nac`` exactly what stable-nalu's ``NACLayer`` / ``NALULayer.reset_parameters`` draw, in
                    their ``(out, in)`` order: ``"nac"``: U(-r, r) with ``r`` the root of
                    ``max(in + out, 5) * Var[tanh(w) sigmoid(m)](r) = 2`` (their ``nac_w_optimal_r``,
                    solved by bisection on [0, 10]); ``"gate"``: Glorot uniform as above;
-                   ``"gate_bias"``: 0 (their ``bias_add``).
+                   ``"gate_bias"``: 0 (their ``bias_add``); ``"nau"``, ``"nmu"``: the distributions of
+                   ``"stable-nalu"``, in the ``(out, in)`` order of their ``ReRegualizedLinearNAC`` /
+                   ``ReRegualizedLinearMNAC.reset_parameters``.
 ``kaiming``        kevinzakka/NALU-pytorch, in its ``(out, in)`` order: ``"nac"``:
                    ``kaiming_uniform_`` (a = 0), U(-sqrt(6 / in), +sqrt(6 / in)); ``"gate"``:
                    ``kaiming_uniform_(a=sqrt(5))``, U(-1 / sqrt(in), +1 / sqrt(in));
-                   ``"gate_independent"``, ``"gate_bias"``: 0 (that code has neither).
+                   ``"gate_independent"``, ``"gate_bias"``: 0 (that code has neither); no ``"nau"``,
+                   ``"nmu"`` (that code has no NAU / NMU: ``NAU(init="kaiming")`` is refused).
 =================  ====================================================================================
 
 The paper (Trask et al., 2018) states no initialisation distribution (only that the best of 10
@@ -57,6 +61,17 @@ def _uniform(bound: Callable[[int, int], float]) -> Fill:
         view.uniform_(-r, r, generator=generator)
 
     return fill
+
+
+def _range(low: float, high: float) -> Fill:
+    def fill(view: Tensor, fan_in: int, fan_out: int, generator: Optional[torch.Generator]) -> None:
+        view.uniform_(low, high, generator=generator)
+
+    return fill
+
+
+# stable-nalu's ReRegualizedLinearMNAC: U(0.5 - r, 0.5 + r), r = min(0.25, sqrt(3) sqrt(1/4)) = 0.25
+NMU_INIT_RANGE = (0.25, 0.75)
 
 
 def _zeros(view: Tensor, fan_in: int, fan_out: int, generator: Optional[torch.Generator]) -> None:
@@ -127,12 +142,16 @@ PRESETS: Dict[str, Dict[str, Fill]] = {
         "gate": _uniform(_glorot_bound),
         "gate_independent": _zeros,
         "gate_bias": _zeros,
+        "nau": _uniform(nau_bound),
+        "nmu": _range(*NMU_INIT_RANGE),
     },
     "stable-nalu-nac": {
         "nac": _out_in_order(_uniform(nac_optimal_bound)),
         "gate": _out_in_order(_uniform(_glorot_bound)),
         "gate_independent": _zeros,
         "gate_bias": _zeros,
+        "nau": _out_in_order(_uniform(nau_bound)),
+        "nmu": _out_in_order(_range(*NMU_INIT_RANGE)),
     },
     "kaiming": {
         "nac": _out_in_order(_kaiming(0.0)),

@@ -155,22 +155,24 @@ class _ProjectedUnit(_ArithmeticLayer):
     """What NAU and NMU share: the weight ``W`` and its projection onto ``[low, high]``."""
 
     W_RANGE: tuple = (-1.0, 1.0)
+    INIT_ROLE: str = "nau"  # the role of ``W`` in nalu_cuda.init_presets
 
     def __init__(self, in_features: int, out_features: int, *, ensemble: Optional[int] = None,
-                 backend: str = "auto", device=None, dtype=None) -> None:
-        super().__init__(in_features, out_features, ensemble, backend, device, dtype)
+                 backend: str = "auto", device=None, dtype=None, init: str = init_presets.DEFAULT) -> None:
+        super().__init__(in_features, out_features, ensemble, backend, device, dtype, init)
         self.W = self._param(in_features, out_features)
         self.reset_parameters()
 
-    def _init_range(self) -> tuple:
-        """``(low, high)`` of the uniform initialisation of ``W``."""
-        raise NotImplementedError
+    def _init_roles(self):
+        return [(self.W, self.INIT_ROLE)]
 
     @torch.no_grad()
     def reset_parameters(self, generator: Generators = None) -> None:
-        low, high = self._init_range()
-        for idx, gen in self._members(generator):
-            self.W[idx].uniform_(low, high, generator=gen)
+        """Draws ``W`` from the preset ``self.init`` (see :mod:`nalu_cuda.init_presets`): the default
+        ``"stable-nalu"`` in ``(in, out)`` order, ``"stable-nalu-nac"`` the same distribution in
+        stable-nalu's ``(out, in)`` order (their ``ReRegualizedLinearNAC`` / ``MNAC``: same seed, same numbers)."""
+        init_presets.reset(type(self).__name__, self.init, self._init_roles(), self._members(generator),
+                           self.in_features, self.out_features)
 
     @torch.no_grad()
     def project_(self) -> None:
@@ -185,41 +187,41 @@ class _ProjectedUnit(_ArithmeticLayer):
         return fn(x, self.W)
 
     def extra_repr(self) -> str:
-        return f"{self._base_repr()}, backend={self.backend!r}"
+        init = "" if self.init == init_presets.DEFAULT else f", init={self.init!r}"
+        return f"{self._base_repr()}{init}, backend={self.backend!r}"
 
 
 class NAU(_ProjectedUnit):
     """Neural addition unit: ``y = x clamp(W, -1, 1)``, no bias.
 
-    Initialisation (``reset_parameters``): ``W ~ U(-r, r)``, ``r = min(0.5, sqrt(3) sqrt(2 / (in + out)))``.
-    ``project_()`` clamps ``W`` to ``[-1, 1]``. Input ``(..., in)`` gives ``(..., out)``; with
+    Initialisation (``reset_parameters``): ``W ~ U(-r, r)``, ``r = min(0.5, sqrt(3) sqrt(2 / (in + out)))``,
+    drawn in ``(in, out)`` order; ``init="stable-nalu-nac"`` draws in stable-nalu's ``(out, in)`` order
+    (their ``ReRegualizedLinearNAC``: same seed, same numbers). ``project_()`` clamps ``W`` to
+    ``[-1, 1]``. Input ``(..., in)`` gives ``(..., out)``; with
     ``ensemble=E``, ``(E, ..., in)`` gives ``(E, ..., out)``.
     """
 
     W_RANGE = (-1.0, 1.0)
+    INIT_ROLE = "nau"
     _fused = staticmethod(functional.nau)
     _reference = staticmethod(reference.nau)
-
-    def _init_range(self) -> tuple:
-        r = init_presets.nau_bound(self.in_features, self.out_features)
-        return -r, r
 
 
 class NMU(_ProjectedUnit):
     """Neural multiplication unit: ``y[..., o] = prod_i (W[i, o] x[..., i] + 1 - W[i, o])``.
 
     Initialisation: ``W ~ U(0.25, 0.75)`` (the authors' code, which produced their tables; their
-    paper's text speaks of variance 1/4). ``project_()`` clamps ``W`` to ``[0, 1]``. Shapes as
+    paper's text speaks of variance 1/4), in ``(in, out)`` order; ``init="stable-nalu-nac"`` draws in
+    their ``(out, in)`` order (their ``ReRegualizedLinearMNAC``: same seed, same numbers).
+    ``project_()`` clamps ``W`` to ``[0, 1]``. Shapes as
     for :class:`NAU`. The fused op never materialises the ``(..., in, out)`` factors.
     """
 
     W_RANGE = (0.0, 1.0)
     INIT_RANGE = (0.25, 0.75)
+    INIT_ROLE = "nmu"
     _fused = staticmethod(functional.nmu)
     _reference = staticmethod(reference.nmu)
-
-    def _init_range(self) -> tuple:
-        return self.INIT_RANGE
 
 
 def project_after_step(optimizer: torch.optim.Optimizer, modules):

@@ -10,6 +10,9 @@ from torch import nn
 from nalu_cuda import NAC, NACMul, NALU, NAU, NPU, compat
 from nalu_cuda.testing import rand_input, rand_params
 
+# from_kevinzakka's warning about their eps (1e-10) is tested in test_compat.py
+pytestmark = pytest.mark.filterwarnings("ignore:nalu_cuda.compat.from_kevinzakka:UserWarning")
+
 
 class TheirNAC(nn.Module):
     """kevinzakka/NALU-pytorch's NeuralAccumulatorCell: (out, in) weights, y = F.linear(x, W)."""
@@ -202,3 +205,29 @@ def test_a_module_is_accepted_and_other_objects_are_named():
         compat.from_kevinzakka([1, 2])
     with pytest.raises(ValueError, match=r"key 'model' holds a OrderedDict.*pass checkpoint\['model'\]"):
         compat.from_stable_nalu({"model": TheirNAC(2, 2).state_dict(), "epoch": 3})
+
+
+class TheirNAU(nn.Module):
+    """stable-nalu's ReRegualizedLinearNACLayer: W (out, in), y = F.linear(x, clamp(W, -1, 1))."""
+
+    def __init__(self, in_dim, out_dim):
+        super().__init__()
+        self.W = nn.Parameter(rand_params((out_dim, in_dim)))
+
+    def forward(self, x):
+        return F.linear(x, torch.clamp(self.W, -1.0, 1.0))
+
+
+def test_their_nau_checkpoint_is_refused_then_converts():
+    theirs = TheirNAU(2, 2).double()
+    with pytest.raises(RuntimeError, match="from_stable_nalu"):
+        NAU(2, 2, dtype=torch.float64).load_state_dict(theirs.state_dict())
+    with pytest.raises(RuntimeError, match="transpose"):  # built by hand: no metadata, shape transposed
+        NAU(3, 2, dtype=torch.float64).load_state_dict({"W": rand_params((2, 3))})
+    layer = NAU(2, 2, dtype=torch.float64)
+    layer.load_state_dict(_roundtrip(compat.from_stable_nalu(theirs)))
+    x = rand_input((6, 2))
+    torch.testing.assert_close(layer(x), theirs(x), rtol=1e-12, atol=1e-13)
+    with pytest.raises(RuntimeError, match=r"\(out, in\)"):  # to_stable_nalu's output is theirs
+        layer.load_state_dict(compat.to_stable_nalu(layer))
+    assert torch.equal(compat.to_stable_nalu(layer)["W"], theirs.W.detach())

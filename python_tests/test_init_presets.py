@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from nalu_cuda import NAC, NALU, NACMul, init_presets
+from nalu_cuda import NAC, NALU, NAU, NMU, NACMul, init_presets
 
 PRESETS = list(init_presets.PRESETS)
 MODULES = {
@@ -67,3 +67,30 @@ def test_unknown_preset_and_missing_role():
             NALU(2, 2, init="nac-only")
     finally:
         del init_presets.PRESETS["nac-only"]
+
+
+@pytest.mark.parametrize("Unit, preset", [(U, p) for U in (NAU, NMU) for p in ("stable-nalu", "stable-nalu-nac")])
+def test_nau_nmu_presets(Unit, preset):
+    """NAU / NMU draw ``W`` from the table (roles "nau", "nmu"): the default in (in, out) order, as
+    before presets had these roles; "stable-nalu-nac" the same distribution in stable-nalu's (out, in)
+    order; members of an ensemble as plain layers."""
+    layer = Unit(6, 3, init=preset)
+    assert layer.init == preset
+    layer.reset_parameters(torch.Generator().manual_seed(4))
+    gen = torch.Generator().manual_seed(4)
+    low, high = (-min(0.5, math.sqrt(3 * 2 / 9)), min(0.5, math.sqrt(3 * 2 / 9))) if Unit is NAU else (0.25, 0.75)
+    shape = (6, 3) if preset == "stable-nalu" else (3, 6)
+    want = torch.empty(shape).uniform_(low, high, generator=gen)
+    assert torch.equal(layer.W, want if preset == "stable-nalu" else want.t())
+    ens = Unit(6, 3, ensemble=2, init=preset)
+    ens.reset_parameters([torch.Generator().manual_seed(s) for s in (1, 2)])
+    for e, s in enumerate((1, 2)):
+        layer.reset_parameters(torch.Generator().manual_seed(s))
+        assert torch.equal(ens.W[e], layer.W)
+
+
+def test_nau_nmu_preset_without_their_role():
+    with pytest.raises(ValueError, match="preset 'kaiming' has no rule for parameters of role 'nau'"):
+        NAU(2, 2, init="kaiming")
+    with pytest.raises(ValueError, match="role 'nmu'"):
+        NMU(2, 2, init="kaiming")
