@@ -14,6 +14,7 @@ built with CUDA and a CUDA toolkit is found. Switches (environment variables):
 import glob
 import os
 import shutil
+import sys
 
 from setuptools import find_packages, setup
 
@@ -53,6 +54,18 @@ def _want_cuda():
     return have
 
 
+def _announce(sources, cuda):
+    # The build takes minutes (about 8 on 2 cores) and pip shows nothing of it unless run with -v
+    # (`pip install -v --no-build-isolation -e .`): say what is compiled, one line per source folder.
+    groups = {}
+    for src in sources:
+        groups.setdefault(os.path.dirname(src), []).append(os.path.basename(src))
+    print(f"nalu_cuda: building nalu_cuda._C from {len(sources)} sources ({'CPU and CUDA' if cuda else 'CPU only'}; "
+          f"MAX_JOBS={os.environ.get('MAX_JOBS', 'all cores')}):", file=sys.stderr, flush=True)
+    for folder, names in groups.items():
+        print(f"nalu_cuda:   {folder}/: {', '.join(names)}", file=sys.stderr, flush=True)
+
+
 def _extension():
     debug = _flag("NALU_CUDA_DEBUG")
     opt = ["-O0", "-g"] if debug else ["-O3", "-g0"]
@@ -82,6 +95,7 @@ def _extension():
                     + sorted(glob.glob("csrc/training/*.cu")))
         macros.append(("NALU_CUDA_WITH_CUDA", None))
         nvcc = opt[:1] + ["-lineinfo"] if not debug else ["-O0", "-g", "-G"]
+        _announce(sources, cuda=True)
         return CUDAExtension(
             "nalu_cuda._C",
             sources,
@@ -89,6 +103,7 @@ def _extension():
             extra_compile_args={"cxx": cxx, "nvcc": nvcc},
             extra_link_args=link,
         )
+    _announce(sources, cuda=False)
     return CppExtension(
         "nalu_cuda._C", sources, define_macros=macros, extra_compile_args={"cxx": cxx}, extra_link_args=link
     )

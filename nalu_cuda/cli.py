@@ -198,6 +198,60 @@ def _add_common(p: argparse.ArgumentParser, *, defaults_note: str = "the experim
                    help="seconds between mid-run checkpoints (default: 60)")
 
 
+# How long ``reproduce --profile quick`` takes: one statement for ``reproduce -h`` and the README
+# (benchmarks/RESULTS.md, section 3: 21 minutes estimated at a quiet machine's speed, 39 measured on a busy one).
+REPRODUCE_QUICK_TIME = "about 20-40 minutes on 2 CPU cores"
+
+
+def _task_options(p: argparse.ArgumentParser, before: set) -> tuple:
+    """``(dest, option, default)`` of the options an experiment added to its subparser (``before``: the
+    dests the parser had), the default converted as argparse converts a string default."""
+    out = []
+    for a in p._actions:
+        if a.dest in before or not a.option_strings or a.dest == "profile":
+            continue
+        default = a.default
+        if isinstance(default, str) and callable(a.type):
+            try:
+                default = a.type(default)
+            except Exception:  # noqa: BLE001  (compared as given)
+                pass
+        out.append((a.dest, a.option_strings[0], default))
+    return tuple(out)
+
+
+def _default_namespace(p: argparse.ArgumentParser) -> argparse.Namespace:
+    return argparse.Namespace(**{a.dest: a.default for a in p._actions if a.dest != "help"})
+
+
+def _budget_text(cfgs) -> str:
+    """``seeds`` and ``steps`` of a list of configurations, in words (one value, or the range)."""
+    def one(vals):
+        vals = sorted(set(vals))
+        return f"{vals[0]:,}" if len(vals) == 1 else f"{vals[0]:,} to {vals[-1]:,} by configuration"
+    return one(c.seeds for c in cfgs), one(c.steps for c in cfgs)
+
+
+def _set_default_help(p: argparse.ArgumentParser, exp) -> None:
+    """``--seeds`` / ``--steps`` help of an experiment command with the numbers its configurations get
+    without them (from ``exp.configs`` itself: one source of truth)."""
+    try:
+        cfgs = exp.configs(_default_namespace(p))
+    except Exception:  # noqa: BLE001  (a task whose defaults need more: the generic words)
+        return
+    if not cfgs:
+        return
+    seeds, steps = _budget_text(cfgs)
+    profiles = "|".join(exp.profiles)
+    for a in p._actions:
+        if a.dest == "seeds":
+            a.help = (f"seeds per configuration, at most {MAX_SEEDS:,} (default: {seeds}; with --profile P: the "
+                      f"profile's, see `nalu-cuda list --profile {profiles}`)")
+        elif a.dest == "steps":
+            a.help = (f"training steps per configuration, at most {MAX_STEPS:,} (default: {steps}; with --profile P: "
+                      "the profile's)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .experiments import all_experiments
 
@@ -214,29 +268,65 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for exp in all_experiments():
         p = sub.add_parser(exp.name, help=exp.help, description=exp.help)
+        before = {a.dest for a in p._actions}
         exp.add_arguments(p)
+        task_options = _task_options(p, before)  # the experiment's own options, which --profile excludes
+        own_profile = any(a.dest == "profile" for a in p._actions)  # gridworld: its own --profile
+        if not own_profile:
+            p.add_argument("--profile", choices=tuple(exp.profiles), default=None,
+                           help=f"run the {exp.name} configurations of a profile instead of the ones the options "
+                                f"below build: exactly what `nalu-cuda reproduce --profile P --only {exp.name}` runs "
+                                "and `nalu-cuda list --profile P` lists (--seeds/--steps override its budget; the "
+                                "experiment's other options cannot be combined with it)")
         _add_common(p)
-        p.set_defaults(_experiment=exp.name)
+        _set_default_help(p, exp)
+        p.set_defaults(_experiment=exp.name, _own_profile=own_profile, _task_options=task_options)
     r = sub.add_parser("reproduce", help="run every experiment's profile and write one report",
                        description="Run the configurations of every registered experiment at a profile: 'quick' "
-                                   "(about 20 minutes for every experiment on 2 idle CPU cores), 'standard' "
+                                   f"({REPRODUCE_QUICK_TIME} for every experiment), 'standard' "
                                    "(the static task only: Madsen & Johansen's table at 100 seeds with budgets from "
                                    "their solved-at statistics; see benchmarks/RESULTS.md for its cost) or 'paper' "
                                    "(the published budgets; days on a CPU, meant for a GPU).")
-    r.add_argument("--profile", choices=PROFILES, default="quick", help="budget (default: quick)")
+    r.add_argument("--profile", choices=PROFILES, default="quick",
+                   help="budget (default: quick); `nalu-cuda list --profile P` lists its configurations")
     r.add_argument("--only", nargs="+", metavar="EXPERIMENT", default=None,
                    help=f"run only these experiments ({', '.join(e.name for e in all_experiments())})")
     _add_common(r, defaults_note="override every configuration's value")
     r.set_defaults(_experiment=None)
-    ls = sub.add_parser("list", help="list the experiments and the configurations of a profile")
-    ls.add_argument("--profile", choices=PROFILES, default="quick")
+    ls = sub.add_parser("list", help="list the configurations each command trains (seeds x steps)",
+                        description="Without --profile: the configurations each experiment command trains with no "
+                                    "options (`nalu-cuda identity`, ...). With --profile P: those of `nalu-cuda "
+                                    "reproduce --profile P` (and of `nalu-cuda <command> --profile P`).")
+    ls.add_argument("--profile", choices=PROFILES, default=None,
+                    help="list this profile's configurations (default: the commands' own defaults)")
     ls.set_defaults(_experiment="__list__")
     return parser
+
+
+def _with_budget(cfgs, args: argparse.Namespace):
+    """A profile's configurations with ``--seeds`` / ``--steps`` applied (as ``reproduce`` does)."""
+    out = []
+    for c in cfgs:
+        if args.seeds is not None:
+            c = replace(c, seeds=args.seeds)
+        if args.steps is not None:
+            c = replace(c, steps=args.steps)
+        out.append(c)
+    return out
 
 
 def _configs(args: argparse.Namespace):
     from .experiments import all_experiments, get
 
+    profile = getattr(args, "profile", None)
+    if args._experiment is not None and profile is not None and not args._own_profile:
+        exp = get(args._experiment)
+        given = [opt for dest, opt, default in args._task_options if getattr(args, dest, default) != default]
+        if given:
+            raise ValueError(f"--profile {profile} fixes the {exp.name} configurations (`nalu-cuda list --profile "
+                             f"{profile}` lists them); it cannot be combined with {', '.join(given)}: drop "
+                             "--profile to build configurations from the options")
+        return _with_budget(exp.profile_configs(profile), args)
     if args._experiment is None:  # reproduce
         names = [e.name for e in all_experiments()]
         if args.only:
@@ -248,12 +338,7 @@ def _configs(args: argparse.Namespace):
         for n in names:
             if args.profile not in get(n).profiles:
                 continue
-            for c in get(n).profile_configs(args.profile):
-                if args.seeds is not None:
-                    c = replace(c, seeds=args.seeds)
-                if args.steps is not None:
-                    c = replace(c, steps=args.steps)
-                cfgs.append(c)
+            cfgs += _with_budget(get(n).profile_configs(args.profile), args)
         return cfgs
     return get(args._experiment).configs(args)
 
@@ -271,6 +356,143 @@ def _failure(exc: BaseException, out: str) -> str:
             "plus --resume")
 
 
+def _print_list(parser: argparse.ArgumentParser, profile: Optional[str]) -> None:
+    """``nalu-cuda list``: every configuration a command builds, from the functions the commands use."""
+    from .experiments import all_experiments
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if profile is None:
+        print("The configurations each command trains with no options (`nalu-cuda <command>`); "
+              "`nalu-cuda list --profile quick|standard|paper` lists a profile's.")
+    else:
+        print(f"Profile {profile}: the configurations of `nalu-cuda reproduce --profile {profile}` and of "
+              f"`nalu-cuda <command> --profile {profile}` (--seeds/--steps override).")
+    for exp in all_experiments():
+        if profile is None:
+            cfgs = exp.configs(_default_namespace(sub.choices[exp.name]))
+        elif profile in exp.profiles:
+            cfgs = exp.profile_configs(profile)
+        else:
+            print(f"\n{exp.name}: no {profile} profile")
+            continue
+        print(f"\n{exp.name}: {exp.help}")
+        for c in cfgs:
+            print(f"    {c.name}: {c.seeds:,} seeds x {c.steps:,} steps")
+        total = sum(c.seeds * c.steps for c in cfgs)
+        print(f"    ({len(cfgs)} configuration{'s' if len(cfgs) != 1 else ''}, {total:,} seed-steps in all)")
+
+
+# The headline numbers of a summary.json record, first present first: (key, label, scale).
+_HEADLINES = (
+    ("interp_error_median", "interp err", 1), ("extrap_error_median", "extrap err", 1),
+    ("interp_mae_mean", "MAE inside", 1), ("fig_mae_outside_mean", "MAE outside", 1),
+    ("table_mae_mean", "MAE U[-1000,1000]", 1), ("accuracy_mean", "accuracy", 100),
+    ("test_mae_mean", "test MAE", 1), ("val_return_mean", "val return", 1),
+    ("train_range_success_mean", "success T in train", 100), ("success_T13_19_mean", "success T 13-19", 100),
+)
+
+
+def _fmt(v: float, scale: float) -> str:
+    return f"{100 * v:.0f}%" if scale == 100 else f"{v:.3g}"
+
+
+def _result_line(rec: dict) -> str:
+    n = rec.get("n_records") or rec.get("seeds")
+    parts = []
+    if rec.get("success_rate") is not None:
+        parts.append(f"solved {rec.get('success_count')}/{n}")
+    for key, label, scale in _HEADLINES:
+        v = rec.get(key)
+        if isinstance(v, (int, float)) and len(parts) < 4:
+            parts.append(f"{label} {_fmt(float(v), scale)}")
+    div = rec.get("divergence_count", rec.get("diverged_count"))
+    if div is not None:
+        parts.append(f"diverged {div}/{n}")
+    return ", ".join(parts)
+
+
+def _print_results(configs, out: str) -> None:
+    """A short table of this run's results, one line per summary.json record (the report has the rest)."""
+    import json
+
+    try:
+        with open(os.path.join(out, "summary.json")) as f:
+            records = json.load(f)["records"]
+    except (OSError, ValueError, KeyError):
+        return
+    ours = {(c.experiment, c.name) for c in configs}
+    rows = []
+    for rec in records:
+        if (rec.get("experiment"), rec.get("config")) not in ours:
+            continue
+        name = f"{rec['experiment']}/{rec['config']}"
+        if rec.get("op") and f"{rec['op']}" not in rec["config"].split("-"):
+            name += f" ({rec['op']})"
+        rows.append((name, f"{rec.get('seeds')} x {rec.get('steps')}", _result_line(rec)))
+    if not rows:
+        return
+    w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    print(f"\nResults (seeds x steps; errors are medians over seeds, MAE and accuracy means; 'err' is the paper's "
+          f"normalised error, 100 = a random model). Tables and figures: {os.path.join(out, 'report.md')}")
+    for r in rows:
+        print(f"  {r[0]:<{w0}}  {r[1]:>{w1}}  {r[2]}")
+
+
+def _collapse(message: str) -> str:
+    """An error of many lines that differ only in their leading path (one per configuration) as one line
+    with a count."""
+    groups: dict = {}  # the rest of a line that starts with a path -> those paths; other lines as they are
+    for i, line in enumerate(message.split("\n")):
+        head, _, rest = line.partition(" ")
+        if os.sep in head and rest:
+            groups.setdefault(("path", rest), []).append(head)
+        else:
+            groups[("line", i)] = [line]
+    lines = []
+    for (kind, rest), heads in groups.items():
+        if kind == "line":
+            lines.append(heads[0])
+        elif len(heads) == 1:
+            lines.append(f"{heads[0]} {rest}")
+        else:
+            lines.append(f"{len(heads)} files ({heads[0]} ... {heads[-1]}) each {rest}")
+    return "\n".join(lines)
+
+
+class _SkipCollapser:
+    """The log of a ``--resume`` run with the three lines of every configuration kept from before ("[i/n]
+    key: ...", "[skip] key: finished earlier (kept)", "[i/n] key: done ...") as one line with a count."""
+
+    def __init__(self, configs, out: str):
+        from .experiments.runner import _log_default, result_path
+
+        self._log = _log_default
+        self._maybe = {c.key for c in configs if os.path.exists(result_path(out, c))}
+        self._skipped: List[str] = []
+        self._seen: set = set()
+
+    def flush(self) -> None:
+        if self._skipped:
+            k = self._skipped
+            self._log(f"[skip] {len(k)} configuration{'s' if len(k) > 1 else ''} finished earlier, kept: "
+                      + (k[0] if len(k) == 1 else f"{k[0]} ... {k[-1]}"))
+            self._skipped = []
+
+    def __call__(self, msg: str) -> None:
+        if msg.startswith("[skip] "):
+            key = msg[len("[skip] "):].split(":", 1)[0]
+            self._skipped.append(key)
+            self._seen.add(key)
+            return
+        if msg.startswith("[") and "] " in msg:
+            key = msg.split("] ", 1)[1].split(":", 1)[0]
+            done = msg.split(": ", 1)[-1].startswith("done")
+            if (key in self._seen and done) or (key in self._maybe and not done):
+                return
+        self.flush()
+        self._log(msg)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from .experiments import distributed
@@ -279,15 +501,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args._experiment == "__list__":
-        from .experiments import all_experiments
-
-        for exp in all_experiments():
-            if args.profile not in exp.profiles:
-                continue
-            cfgs = exp.profile_configs(args.profile)
-            print(f"{exp.name}: {exp.help}")
-            for c in cfgs:
-                print(f"    {c.name}: {c.seeds} seeds x {c.steps} steps")
+        _print_list(parser, args.profile)
         return 0
     from .experiments.resources import check_memory
     from .experiments.runner import RunError, run_configs
@@ -315,18 +529,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         resume, overwrite = True, False
     run_kw = dict(device=args.device, resume=resume, overwrite=overwrite, progress=not args.no_progress, meta=meta,
                   checkpoint_every_s=args.checkpoint_every)
+    kept = _SkipCollapser(configs, out) if resume else None
     t0 = time.perf_counter()
     ranks = distributed.init(args.device) if distributed.launched() else None
     talk = ranks is None or ranks.rank == 0  # one message per run, not one per rank
     try:
         if ranks is None:
-            run_configs(configs, out, **run_kw)
+            run_configs(configs, out, **run_kw, **({"log": kept} if kept is not None else {}))
         else:
             from .experiments.runner import _log_default
 
             distributed.run_sharded(configs, out, ranks, log=_log_default, report_every_s=60.0, **run_kw)
     except (RunError, ValueError) as exc:
-        parser.exit(2, f"nalu-cuda: error: {exc}\n" if talk else None)
+        parser.exit(2, f"nalu-cuda: error: {_collapse(str(exc))}\n" if talk else None)
     except (OSError, MemoryError) as exc:
         parser.exit(1, f"nalu-cuda: error: {_failure(exc, out)}\n" if talk else None)
     except KeyboardInterrupt:
@@ -335,9 +550,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   "command plus --resume", file=sys.stderr)
         return 130
     finally:
+        if kept is not None:
+            kept.flush()
         if ranks is not None:
             torch.distributed.destroy_process_group()
     if talk:
+        _print_results(configs, out)
         print(f"nalu-cuda: done in {time.perf_counter() - t0:.0f} s; report: {os.path.join(out, 'report.md')}",
               file=sys.stderr)
     return 0

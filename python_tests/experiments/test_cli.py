@@ -96,7 +96,7 @@ def test_static_run_writes_every_output(tmp_path, capsys):
     rows = (out / "per_seed_static.csv").read_text().strip().splitlines()
     assert len(rows) == 1 + 2 * 2 * 2
     report = (out / "report.md").read_text()
-    assert "Static arithmetic" in report and "Madsen" in report and "failed" not in report
+    assert "Static arithmetic" in report and "Madsen" in report and "_The report section of" not in report
     assert (out / "static_error_vs_range.png").stat().st_size > 1000
     # rerunning without --resume refuses to overwrite; --resume keeps the results
     code, err = _exit_code(["static", "--model", "nac", "relu6", "--op", "add", "sub", *TINY, "--out", str(out)], capsys)
@@ -176,3 +176,51 @@ def test_list_and_module_entry_point():
     assert proc.returncode == 0, proc.stderr
     for name in ("identity", "static", "recurrent"):
         assert f"{name}:" in proc.stdout
+
+
+def test_list_prints_what_the_commands_build(capsys):
+    """`list` (the commands' defaults) and `list --profile P` (the profile's) come from the functions the
+    commands use: every configuration of `identity` and of `identity --profile quick` is listed."""
+    parser = cli.build_parser()
+    for argv, listed in ((["identity"], ["list"]), (["identity", "--profile", "paper"], ["list", "--profile", "paper"])):
+        want = cli._configs(parser.parse_args(argv))
+        assert cli.main(listed) == 0
+        out = capsys.readouterr().out
+        for c in want:
+            assert f"    {c.name}: {c.seeds:,} seeds x {c.steps:,} steps" in out
+        assert ("Profile paper" in out) == ("--profile" in listed)
+
+
+def test_every_command_takes_profile_and_its_help_shows_the_defaults(capsys):
+    from nalu_cuda.experiments import all_experiments, get
+
+    parser = cli.build_parser()
+    for exp in all_experiments():
+        for profile in exp.profiles:
+            args = parser.parse_args([exp.name, "--profile", profile, "--seeds", "3"])
+            got = cli._configs(args)
+            assert [c.name for c in got] == [c.name for c in exp.profile_configs(profile)]
+            assert {c.seeds for c in got} == {3}
+        default = cli._configs(parser.parse_args([exp.name]))
+        with pytest.raises(SystemExit):
+            cli.main([exp.name, "-h"])
+        help_text = " ".join(capsys.readouterr().out.split())
+        assert f"(default: {default[0].seeds:,}" in help_text and f"(default: {default[0].steps:,}" in help_text
+    # the identity command trains what the quick profile does (one budget)
+    assert [c.fingerprint() for c in cli._configs(parser.parse_args(["identity"]))] == \
+        [c.fingerprint() for c in get("identity").profile_configs("quick")]
+    code, err = _exit_code(["static", "--profile", "paper", "--model", "nalu"], capsys)
+    assert code == 2 and "cannot be combined with --model" in err
+
+
+def test_results_table_and_one_line_for_a_rerun(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    argv = ["identity", "--model", "none", "nac", "--seeds", "2", "--steps", "20", "--no-progress", "--out", out]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "identity/none" in printed and "identity/nac" in printed and "MAE outside" in printed
+    code, err = _exit_code(argv, capsys)  # a rerun: one line for both configurations, with the count
+    assert code == 2 and "2 files (" in err and err.count("already holds") == 1
+    assert cli.main(argv + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "[skip] 2 configurations finished earlier, kept" in err and "[1/2]" not in err and "[2/2]" not in err

@@ -36,7 +36,7 @@ def scripted(T, agent, target, actions):
 
 def test_env_checker_passes():
     check_env(gym.make(ENV_ID, render_mode="rgb_array").unwrapped)
-    check_env(GridWorldEnv())
+    check_env(GridWorldEnv(), skip_render_check=True)  # no spec to remake it with: the line above checks rendering
 
 
 def test_arrival_exactly_at_T_gets_the_full_reward():

@@ -497,8 +497,10 @@ def train_ensemble(
                     stalled_members(step)
                 evaluate(step)
                 fl = final_loss[torch.isfinite(final_loss) & ~diverged.cpu()]
+                # solved= only where the experiment has a success criterion (a threshold to solve)
+                shown = {} if threshold is None or solved_on is None else {"solved": int((solved_at >= 0).sum())}
                 bar.set_postfix(loss=f"{fl.median().item():.3g}" if fl.numel() else "nan",
-                                solved=int((solved_at >= 0).sum()), div=int(diverged.sum()), refresh=False)
+                                **shown, div=int(diverged.sum()), refresh=False)
                 if step < steps and time.monotonic() - last_ck >= ctx.checkpoint_every_s:
                     checkpoint(step)
                     last_ck = time.monotonic()
