@@ -12,9 +12,10 @@ import traceback
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .registry import ConfigResult, all_experiments
+from .verdicts import VERDICT_RULE, Budget, published_budget, run_budget, verdict
 
-__all__ = ["build_report", "md_table", "fmt_rate", "fmt_num", "fmt_ci", "plot_per_op", "figure_lines", "MADSEN_SUCCESS",
-           "INALU_SUCCESS", "plt"]
+__all__ = ["build_report", "md_table", "fmt_rate", "fmt_num", "fmt_ci", "fmt_ratio", "plot_per_op", "figure_lines",
+           "MADSEN_SUCCESS", "INALU_SUCCESS", "plt", "line_styles", "claim_row", "how_to_read"]
 
 # Madsen & Johansen (2020), static task, U[1,2] -> U[2,6], 100 seeds. Keys: (our model name, op).
 MADSEN_SUCCESS: Dict[Tuple[str, str], float] = {
@@ -43,6 +44,7 @@ MADSEN_TABLE1: List[Tuple[str, str, float, Optional[float], Optional[float], Opt
 ]
 MADSEN_SUCCESS.update({(model, op): rate for op, model, rate, *_ in MADSEN_TABLE1})
 MADSEN_STEPS = 5_000_000
+MADSEN_SEEDS = 100   # Madsen & Johansen's published budget: 100 seeds x 5e6 steps (the verdicts' reference)
 
 # Schlor, Ring & Hotho (2020), 70 runs per cell, success = extrapolation MSE < 1e-5 (a different
 # criterion from Madsen's), their NALU baseline.
@@ -60,6 +62,26 @@ def plt():
     return pyplot
 
 
+_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+            "#7f7f7f", "#bcbd22", "#000000", "#aec7e8", "#98df8a", "#ff9896", "#c5b0d5", "#6b3d00")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p", "d", "8", "H", "1")
+
+
+def line_styles(n: int) -> List[Dict[str, Any]]:
+    """``n`` distinct plot styles (colour AND marker differ between any two of up to 16 lines; beyond
+    that the pairs repeat with a dashed line): keyword arguments for ``ax.plot``."""
+    out = []
+    for i in range(n):
+        k = i % len(_COLOURS)
+        out.append({"color": _COLOURS[k], "marker": _MARKERS[k], "ls": "-" if i < len(_COLOURS) else "--"})
+    return out
+
+
+def how_to_read(text: str) -> List[str]:
+    """An experiment section's own short "how to read" paragraph (Markdown lines)."""
+    return [f"*How to read this section:* {text}", ""]
+
+
 def op_grid(n: int):
     """A figure with one panel per operation: ``n`` panels, up to 3 a row; the spare ones hidden."""
     cols = min(3, n)
@@ -70,9 +92,11 @@ def op_grid(n: int):
     return fig, [axes[i // cols][i % cols] for i in range(n)]
 
 
-def save_figure(fig, out_dir: str, name: str, dpi: int = 110) -> str:
-    """Lay out, write ``out_dir/name`` and close ``fig``; returns ``name`` (for the report's link)."""
-    fig.tight_layout()
+def save_figure(fig, out_dir: str, name: str, dpi: int = 110, layout: bool = True) -> str:
+    """Lay out (unless ``layout`` is False: a figure laid out by hand), write ``out_dir/name`` and
+    close ``fig``; returns ``name`` (for the report's link)."""
+    if layout:
+        fig.tight_layout()
     fig.savefig(os.path.join(out_dir, name), dpi=dpi)
     plt().close(fig)
     return name
@@ -80,30 +104,64 @@ def save_figure(fig, out_dir: str, name: str, dpi: int = 110) -> str:
 
 def plot_per_op(curves: Sequence[Tuple[str, str, Sequence[float], Sequence[Optional[float]]]], out_dir: str,
                 name: str, xlabel: str, ylabel: str = "median MSE", mark_x: Optional[float] = None,
-                legend_size: int = 7) -> Optional[str]:
+                legend_size: int = 7, title: Optional[str] = None, mark_label: Optional[str] = None,
+                bands: Optional[Dict[str, Tuple[float, float, str]]] = None,
+                hlines: Optional[Dict[str, Tuple[float, float, float, str]]] = None,
+                xticks: Optional[Sequence[float]] = None) -> Optional[str]:
     """One log-log panel per operation: ``curves`` are ``(label, op, xs, ys)``; missing or
-    non-positive ys are gaps; ``mark_x`` draws a dotted vertical line (the training point).
-    Writes ``out_dir/name`` and returns ``name``, or None when there is nothing to draw."""
+    non-positive ys are gaps; ``mark_x`` draws a dotted vertical line (the training point,
+    ``mark_label`` its legend entry); ``bands[op] = (x0, x1, label)`` shades an x range and
+    ``hlines[op] = (y, x0, x1, label)`` draws a dashed level (e.g. the success threshold over the
+    range it applies to); ``xticks`` labels those x values plainly; ``title`` is the figure's title (what is plotted). Every label keeps one
+    colour and marker in every panel. Writes ``out_dir/name`` and returns ``name``, or None when
+    there is nothing to draw."""
     from .parts.arithmetic_data import OP_SYMBOLS, OPS
 
     ops = [op for op in OPS if any(c[1] == op for c in curves)]
     if not ops:
         return None
+    labels = list(dict.fromkeys(c[0] for c in curves))
+    style = dict(zip(labels, line_styles(len(labels))))
     fig, panels = op_grid(len(ops))
     for op, ax in zip(ops, panels):
+        if bands and op in bands:
+            x0, x1, lab = bands[op]
+            ax.axvspan(x0, x1, color="0.9", zorder=0, label=lab)
         for label, cop, xs, ys in curves:
             if cop == op:
-                ax.plot(xs, [y if (y is not None and y > 0) else float("nan") for y in ys], marker="o", ms=3,
-                        label=label)
+                ax.plot(xs, [y if (y is not None and y > 0) else float("nan") for y in ys], ms=4, lw=1.1,
+                        label=label, **style[label])
         ax.set_xscale("log")
         ax.set_yscale("log")
         if mark_x is not None:
-            ax.axvline(mark_x, color="grey", lw=0.8, ls=":")
+            ax.axvline(mark_x, color="grey", lw=0.8, ls=":", label=mark_label)
+        if hlines and op in hlines:
+            y, x0, x1, lab = hlines[op]
+            if y and y > 0:
+                ax.hlines(y, x0, x1, colors="k", linestyles="--", lw=1.2, label=lab, zorder=5)
+        if xticks:
+            ax.set_xticks(list(xticks))
+            ax.set_xticklabels([f"{x:g}" for x in xticks], fontsize=7)
+            ax.minorticks_off()
         ax.set_title(OP_SYMBOLS[op])
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=legend_size)
-    return save_figure(fig, out_dir, name)
+    # One legend for all panels, below them, where it hides no curve and no threshold.
+    handles: Dict[str, Any] = {}
+    for ax in panels:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    ncol = min(5, max(1, len(handles)))
+    rows = -(-len(handles) // ncol)
+    height = fig.get_size_inches()[1]
+    bottom = (0.08 + 0.2 * rows) / height
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=legend_size + 1,
+                   frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, bottom, 1, 0.95 if title else 1))
+    return save_figure(fig, out_dir, name, layout=False)
 
 
 def fmt_num(v: Any, digits: int = 3) -> str:
@@ -130,6 +188,16 @@ def fmt_rate(s: Dict[str, Any], key: str = "success") -> str:
     count = s.get(f"{key}_count" if key != "diverged" else "divergence_count")
     n = s.get("n_records")
     return f"{100 * rate:.0f}% ({count}/{n}) [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]"
+
+
+def fmt_ratio(v: Optional[float]) -> str:
+    """An MSE / success-threshold ratio (below 1 = solved), with the verdict it implies."""
+    if v is None:
+        return "-"
+    f = float(v)
+    if not math.isfinite(f):
+        return "nan"
+    return f"{fmt_num(f)} ({'solved' if f < 1 else 'failed'})"
 
 
 def fmt_ci(summary: Dict[str, Any], key: str, pct: bool = False, digits: int = 3) -> str:
@@ -186,11 +254,12 @@ def build_report(by_exp: Dict[str, List[ConfigResult]], out_dir: str, meta: Dict
     lines += [
         "How to read this report: every configuration trains all of its seeds as one ensemble (each seed "
         "with its own initialisation and data stream). Model selection uses validation data from the "
-        "training range only. Rates carry 95% Wilson intervals. *Normalised error* is the paper's scale: "
-        "100 = the mean MSE of randomly initialised models of the same architecture, 0 = perfect. "
-        "*Success* is Madsen & Johansen's criterion: extrapolation MSE at the best-validation step below "
-        "that of an epsilon-perfect solution (eps = 1e-5). The values inside Trask et al.'s tables are not "
-        "available to us, so their claims are checked instead, by the rule stated beside each.",
+        "training range only. Every rate (success, accuracy, divergence) carries a 95% Wilson interval, "
+        "which stays inside [0, 1]; means of continuous quantities (errors) carry 95% Student-t intervals "
+        "over seeds. The values inside Trask et al.'s tables are not available to us, so their claims are "
+        "checked instead, by the rule stated beside each; each section says how to read its own numbers.",
+        "",
+        VERDICT_RULE,
         "",
     ]
     known = {e.name: e for e in all_experiments()}
@@ -211,11 +280,16 @@ def build_report(by_exp: Dict[str, List[ConfigResult]], out_dir: str, meta: Dict
     return "\n".join(lines) + "\n"
 
 
-def claim_row(claim: str, rule: str, evidence: str, holds: Optional[bool], budget_explains: bool = False) -> List[str]:
-    """One row of a claims table. ``budget_explains``: the run's budget (steps, seeds) is far below
-    the published one and could explain a failure, which then reads "inconclusive at this budget";
-    "does not hold" is kept for failures the budget cannot explain."""
-    if holds is False and budget_explains:
-        return [claim, rule, evidence, "**inconclusive at this budget**"]
-    verdict = {True: "**holds**", False: "**does not hold**", None: "not tested here"}[holds]
-    return [claim, rule, evidence, verdict]
+def claim_row(claim: str, rule: str, evidence: str, holds: Optional[bool], *, cells: Sequence[Any] = (),
+              experiment: Optional[str] = None, models: Sequence[str] = (), budget: Optional[Budget] = None,
+              published: Optional[Budget] = None, negative: bool = False, budget_bound: Optional[bool] = None,
+              structural: Optional[str] = None) -> List[str]:
+    """One row of a claims table, its verdict by the one rule (:func:`.verdicts.verdict`). The run's
+    budget is ``budget`` or that of ``cells`` (:func:`.verdicts.run_budget`); the published one is
+    ``published`` or ``experiment``'s for ``models`` (:func:`.verdicts.published_budget`)."""
+    if budget is None:
+        budget = run_budget(cells)
+    if published is None and experiment is not None:
+        published = published_budget(experiment, models)
+    return [claim, rule, evidence, verdict(holds, budget, published, negative=negative, budget_bound=budget_bound,
+                                           structural=structural)]

@@ -2,7 +2,10 @@
 
 * :func:`wilson_interval`: the 95% Wilson score interval of a rate (success, divergence), as
   Madsen & Johansen report it.
-* :func:`mean_ci`: the mean over seeds and its 95% Student-t interval (the sequence tasks' tables).
+* :func:`mean_ci`: the mean over seeds and its 95% Student-t interval, for continuous quantities
+  only (errors, MAEs); :func:`rate_ci`: the mean of a per-seed rate (accuracy, success fraction)
+  and its bounded interval (a Wilson interval at the seeds' effective sample size; :func:`is_rate_key`
+  says which keys are rates). A rate's interval never leaves [0, 1].
 * :func:`median` / :func:`mean` over the finite values.
 * :func:`default_summary`: a configuration's ``summary.json`` record from its per-seed records;
   :func:`interval_summary` adds ``<key>_mean`` / ``<key>_ci`` for every numeric per-seed key.
@@ -10,12 +13,13 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from .registry import Config
 
-__all__ = ["wilson_interval", "mean_ci", "median", "mean", "finite", "default_summary", "interval_summary"]
+__all__ = ["wilson_interval", "mean_ci", "rate_ci", "is_rate_key", "median", "mean", "finite", "default_summary", "interval_summary"]
 
 
 
@@ -113,12 +117,61 @@ def mean_ci(values: Iterable[float], level: float = 0.95) -> Tuple[Optional[floa
     return (mean, mean - half, mean + half)
 
 
+def rate_ci(values: Iterable[float], level: float = 0.95) -> Tuple[Optional[float], Optional[float], Optional[float]]:
+    """Mean over seeds of a per-seed rate in [0, 1] and its bounded 95% interval (``(mean, lo, hi)``;
+    non-finite values dropped).
+
+    The Wilson score interval with the effective number of trials that matches the observed spread
+    between seeds (``n_eff = n p (1 - p) / s^2``, at least 1) and the Student-t quantile of ``n - 1``
+    degrees of freedom: away from 0 and 1 it is the Student-t interval of the mean, near them it
+    bends inside [0, 1] instead of crossing it (a Student-t interval over 2 seeds' rates can reach
+    [-0.65, 0.80]). One seed, or seeds that all agree, give a point, as the Student-t interval does."""
+    vals = [min(1.0, max(0.0, float(v))) for v in values if v is not None and math.isfinite(float(v))]
+    if not vals:
+        return (None, None, None)
+    n = len(vals)
+    p = sum(vals) / n
+    var = sum((v - p) ** 2 for v in vals) / (n - 1) if n > 1 else 0.0
+    if var <= 0 or max(vals) == min(vals):
+        return (p, p, p)
+    n_eff = max(1.0, n * p * (1 - p) / var)
+    z = _t_quantile(level, n - 1)
+    denom = 1 + z * z / n_eff
+    centre = (p + z * z / (2 * n_eff)) / denom
+    half = z * math.sqrt(p * (1 - p) / n_eff + z * z / (4 * n_eff * n_eff)) / denom
+    return (p, min(p, max(0.0, round(centre - half, 12))), max(p, min(1.0, round(centre + half, 12))))
+
+
+def _t_quantile(level: float, dof: int) -> float:
+    try:
+        from scipy.stats import t as student_t
+
+        return float(student_t.ppf(0.5 + level / 2, dof))
+    except Exception:  # scipy comes with scikit-learn; this is only a fallback
+        return 1.959963984540054
+
+
+# Per-seed keys that are rates in [0, 1]: accuracies, success fractions, error rates (1 - accuracy).
+_RATE_KEY = re.compile(r"^(accuracy|error)(_.*)?$|(^|_)(acc|success|rate)(_|$)")
+
+
+def is_rate_key(key: str, values: Iterable[Any] = ()) -> bool:
+    """Whether a per-seed key is a rate (its summary interval is then :func:`rate_ci`'s, not a
+    Student-t one): its name says so (``accuracy``, ``error``, ``acc_*``, ``*_success*``, ...) and
+    every finite value lies in [0, 1]."""
+    if not _RATE_KEY.search(key):
+        return False
+    return all(0.0 <= v <= 1.0 for v in finite(values))
+
+
 _SKIP = {"seed", "best_step", "diverged", "success", "solved_at"}
 
 
 def interval_summary(config: "Config", records: List[Dict[str, Any]], extra: Dict[str, Any]) -> Dict[str, Any]:
-    """The registry's default summary plus ``<key>_mean`` and ``<key>_ci`` (95% Student-t over seeds)
-    for every numeric per-seed key (non-finite values left out; ``<key>_n`` says how many counted)."""
+    """The registry's default summary plus ``<key>_mean`` and ``<key>_ci`` for every numeric per-seed
+    key: a rate's (:func:`is_rate_key`) is the bounded :func:`rate_ci` interval, any other key's the
+    95% Student-t interval over seeds (non-finite values left out; ``<key>_n`` says how many
+    counted; ``<key>_ci_kind`` says which interval it is)."""
     out = default_summary(config, records)
     keys = []
     for r in records:
@@ -127,9 +180,12 @@ def interval_summary(config: "Config", records: List[Dict[str, Any]], extra: Dic
                 continue
             keys.append(k)
     for k in keys:
-        m, lo, hi = mean_ci(r.get(k) for r in records)
+        vals = [r.get(k) for r in records]
+        rate = is_rate_key(k, vals)
+        m, lo, hi = (rate_ci if rate else mean_ci)(vals)
         out[f"{k}_mean"] = m
         out[f"{k}_ci"] = [lo, hi]
+        out[f"{k}_ci_kind"] = "wilson" if rate else "student-t"
         out[f"{k}_n"] = sum(1 for r in records if isinstance(r.get(k), (int, float)) and math.isfinite(r[k]))
     if records and any("diverged" in r for r in records):
         out["diverged_count"] = sum(bool(r.get("diverged")) for r in records)

@@ -120,7 +120,7 @@ def test_a_second_damage_keeps_the_first(clean, tmp_path):
 
 def test_resume_recomputes_an_emptied_result_in_every_output(clean, tmp_path, capsys, monkeypatch):
     # the reproduction: records set to [] were kept, and summary.json disagreed with the CSV
-    monkeypatch.setattr(report, "save_figure", lambda fig, out_dir, name, dpi=110: report.plt().close(fig))
+    monkeypatch.setattr(report, "save_figure", lambda fig, out_dir, name, dpi=110, **kw: report.plt().close(fig))
     out = str(tmp_path / "out")
     argv = ["static", "--model", "nac", "--op", "add", "--seeds", "2", "--steps", "40", "--eval-every", "20",
             "--n-test", "100", "--no-progress", "--out", out]

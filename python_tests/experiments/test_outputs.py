@@ -22,7 +22,7 @@ SMALL = dict(eval_every=20, n_valid=100, n_test=100, baseline_models=2, threshol
 @pytest.fixture(autouse=True)
 def _no_plots(monkeypatch):
     # laying out and writing the report's figures takes most of a tiny run; they are tested in test_cli.py
-    monkeypatch.setattr(report, "save_figure", lambda fig, out_dir, name, dpi=110: report.plt().close(fig))
+    monkeypatch.setattr(report, "save_figure", lambda fig, out_dir, name, dpi=110, **kw: report.plt().close(fig))
 
 
 def _run(argv, capsys):

@@ -325,7 +325,7 @@ def _verdict(by: Dict[str, registry.ConfigResult], task: str, lengths: Sequence[
 
 
 def _plot(results: Sequence[registry.ConfigResult], out_dir: str, lengths: Sequence[int]) -> Optional[str]:
-    from ..report import plt as pyplot, save_figure
+    from ..report import line_styles, plt as pyplot, save_figure
 
     try:
         plt = pyplot()
@@ -333,6 +333,7 @@ def _plot(results: Sequence[registry.ConfigResult], out_dir: str, lengths: Seque
         return None
     by = {r.config.name: r.summary for r in results}
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), squeeze=False)
+    styles = dict(zip(MODELS, line_styles(len(MODELS))))
     for col, task in enumerate(TASKS):
         for row, (metric, label) in enumerate((("acc", "accuracy (rounded output exact)"),
                                                ("relerr", "relative error (MAE / mean target)"))):
@@ -359,8 +360,8 @@ def _plot(results: Sequence[registry.ConfigResult], out_dir: str, lengths: Seque
                     hi.append(hi_v)
                 if xs:
                     any_line = True
-                    ax.plot(xs, ys, marker="o", label=m.upper())
-                    ax.fill_between(xs, lo, hi, alpha=0.2)
+                    ax.plot(xs, ys, label=m.upper(), **styles[m])
+                    ax.fill_between(xs, lo, hi, alpha=0.15, color=styles[m]["color"])
             ax.set_xscale("log")
             if metric == "relerr":
                 ax.set_yscale("log")
@@ -379,10 +380,17 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     lengths = sorted({L for r in results for L in r.config.params.get("lengths", DEFAULT_LENGTHS)})
     train_len = int(results[0].config.params.get("train_length", DigitsParams.train_length))
     extra0 = results[0].extra or {}
+    from ..report import how_to_read
+
     lines = [CLAIM, ""]
-    lines.append(f"Images: {extra0.get('images', '?')} ({extra0.get('image_sizes', {})}); train length {train_len}; "
-                 f"{results[0].config.seeds} seeds per model, {results[0].config.steps} steps; mean over seeds "
-                 "with 95% Student-t intervals. Checkpoint per seed chosen by validation loss.")
+    lines += how_to_read(
+        f"images: {extra0.get('images', '?')} ({extra0.get('image_sizes', {})}); train length {train_len}; "
+        f"{results[0].config.seeds} seeds per model, {results[0].config.steps} steps; checkpoint per seed chosen by "
+        "validation loss. Every number is a mean over seeds: accuracies (a rate) with 95% Wilson intervals (one "
+        "trial per seed), errors with 95% Student-t intervals. *Accuracy* counts exactly right rounded outputs, "
+        "so at long lengths it is bounded by the CNN's misreads; the *relative error* (MAE / mean target) says "
+        "whether the recurrent layer itself extrapolates: a model *keeps* a length when its relative error there "
+        "is at most twice that at the training length (or within 0.05 of it).")
     pre = int(results[0].config.params.get("pretrain_steps", 0) or 0)
     if pre:
         lines.append("")

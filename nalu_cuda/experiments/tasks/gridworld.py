@@ -207,9 +207,12 @@ RULE = ("An agent *learned the task* if its success rate over T = 5..12 is at le
         "its success rate there is at least 80% of its T = 5..12 rate. The claim holds when both agents "
         "learned the task, the NAC agent holds at every T in 13..19, and the A3C agent does not: the Wilson "
         "upper bound of its pooled T = 14..19 rate is below 80% of its T = 5..12 rate. If an agent did not "
-        "learn the task, the claim is inconclusive at this budget. Rates pool all episodes of all seeds.")
+        "learn the task, extrapolation cannot be judged. Rates pool all episodes of all seeds. The verdict "
+        "follows the report's one rule: only an A3C agent that learned the task and kept it beyond T = 13 is "
+        "final at any budget; every other outcome is final only at the published budget.")
 LABELS = {"a3c": "A3C (CNN + LSTM)", "nac": "A3C + NAC"}
 COLORS = {"a3c": "tab:blue", "nac": "tab:red"}
+MARKERS = {"a3c": "s", "nac": "o"}
 
 
 def pooled(result: registry.ConfigResult, Ts: Sequence[int]) -> Tuple[int, int]:
@@ -224,16 +227,19 @@ def _rate(k: int, n: int) -> float:
     return k / n if n else math.nan
 
 
-def claim_verdict(by: Dict[str, registry.ConfigResult]) -> Tuple[Optional[bool], str]:
-    """``(holds, sentence)`` by :data:`RULE`; ``holds`` is None when inconclusive."""
+def claim_verdict(by: Dict[str, registry.ConfigResult]) -> Tuple[Optional[bool], str, bool]:
+    """``(holds, sentence, budget_bound)`` by :data:`RULE`: ``holds`` None when the claim cannot be
+    tested (an agent missing); ``budget_bound`` whether more training could change the outcome (all
+    but an A3C agent that learned the task and kept it beyond T = 13, which no training undoes);
+    the report turns them into a verdict by the one rule (:func:`..verdicts.verdict`)."""
     if "a3c" not in by or "nac" not in by:
-        return None, "Both agents are needed to check the claim; only " + ", ".join(by) + " ran."
+        return None, "Both agents are needed to check the claim; only " + ", ".join(by) + " ran.", True
     train = {a: _rate(*pooled(by[a], range(5, 13))) for a in ("a3c", "nac")}
     weak = [LABELS[a] for a in ("a3c", "nac") if not train[a] >= 0.5]
     if weak:
-        return None, (f"Inconclusive at this budget: {' and '.join(weak)} did not learn the task (success over "
-                      f"T = 5..12: A3C {100 * train['a3c']:.0f}%, A3C + NAC {100 * train['nac']:.0f}%, below 50%), so "
-                      "extrapolation cannot be judged.")
+        return False, (f"{' and '.join(weak)} did not learn the task (success over T = 5..12: A3C "
+                       f"{100 * train['a3c']:.0f}%, A3C + NAC {100 * train['nac']:.0f}%, below 50%), so extrapolation "
+                       "cannot be judged."), True
     nac_fail = [T for T in range(13, 20) if not _rate(*pooled(by["nac"], [T])) >= 0.8 * train["nac"]]
     k, n = pooled(by["a3c"], range(14, 20))
     a3c_hi = registry.wilson_interval(k, n)[1]
@@ -246,7 +252,7 @@ def claim_verdict(by: Dict[str, registry.ConfigResult]) -> Tuple[Optional[bool],
                  f"the A3C agent does not deteriorate beyond 13 (T = 14..19: {100 * _rate(k, n):.0f}%, Wilson upper "
                  f"bound {100 * a3c_hi:.0f}% >= 80% of {100 * train['a3c']:.0f}%)")
     holds = not nac_fail and a3c_drops
-    return holds, ("The claim holds: " if holds else "The claim does not hold here: ") + "; ".join(parts) + "."
+    return holds, "Measured: " + "; ".join(parts) + ".", a3c_drops
 
 
 def _plot_fig5(by: Dict[str, registry.ConfigResult], out_dir: str) -> str:
@@ -256,7 +262,7 @@ def _plot_fig5(by: Dict[str, registry.ConfigResult], out_dir: str) -> str:
         ks = [pooled(r, [T]) for T in Ts]
         rate = np.array([_rate(k, n) for k, n in ks])
         ci = np.array([registry.wilson_interval(k, n) for k, n in ks])
-        ax.plot(Ts, 100 * rate, "o-", ms=3, color=COLORS[a], label=LABELS[a])
+        ax.plot(Ts, 100 * rate, ls="-", marker=MARKERS[a], ms=4, color=COLORS[a], label=LABELS[a])
         ax.fill_between(Ts, 100 * ci[:, 0], 100 * ci[:, 1], color=COLORS[a], alpha=0.2)
     lo, hi = next(iter(by.values())).extra["t_range"]
     ax.axvspan(lo - 0.5, hi + 0.5, color="0.93", zorder=0, label=f"training range U{{{lo}, {hi}}}")
@@ -266,7 +272,8 @@ def _plot_fig5(by: Dict[str, registry.ConfigResult], out_dir: str) -> str:
     ax.set_ylabel("arrived exactly at t = T (%)")
     ax.set_ylim(-3, 103)
     ax.legend(fontsize=7)
-    ax.set_title("Grid-world time tracking (cf. Trask et al. 2018, Fig. 5)", fontsize=9)
+    ax.set_title("Grid world (cf. Trask et al. 2018, Fig. 5): share of greedy episodes arriving exactly at t = T,\n"
+                 "per instruction T, episodes of all seeds pooled, with 95% Wilson bands", fontsize=8)
     return save_figure(fig, out_dir, "gridworld_fig5.png")
 
 
@@ -284,21 +291,32 @@ def _plot_episodes(by: Dict[str, registry.ConfigResult], out_dir: str) -> Tuple[
     rows = [(a, ep, _episode_frames(ep)) for a, r in by.items() for ep in r.extra.get("render", [])]
     width = max(len(frames) for _, _, frames in rows)
     gap = 4
-    fig, axes = plt().subplots(len(rows), 1, figsize=(0.5 * width + 1.6, 0.62 * len(rows)), squeeze=False)
+    # Laid out by hand: every frame gets the same size in every row, each row is as long as its own
+    # episode (no padding), and the figure is as wide as the longest row plus its label.
+    fr, left, tick_h, top = 0.42, 1.45, 0.2, 0.3      # inches: one frame (+gap), label column, ticks, title
+    img_h = fr * FRAME / (FRAME + gap)
+    fig_w, fig_h = left + width * fr + 0.1, top + len(rows) * (img_h + tick_h) + 0.05
+    fig = plt().figure(figsize=(fig_w, fig_h))
+    fig.suptitle("Greedy episodes of seed 0: one frame per time step (gray: agent, red: target)", fontsize=7,
+                 y=1 - 0.08 / fig_h, va="top")
     gif = []
-    for ax, (a, ep, frames) in zip(axes[:, 0], rows):
-        strip = np.full((FRAME, width * (FRAME + gap), 3), 255, dtype=np.uint8)
+    for i, (a, ep, frames) in enumerate(rows):
+        n = len(frames)
+        bottom = fig_h - top - (i + 1) * (img_h + tick_h) + tick_h
+        ax = fig.add_axes([left / fig_w, bottom / fig_h, (n * fr - gap * fr / (FRAME + gap)) / fig_w, img_h / fig_h])
+        strip = np.full((FRAME, n * (FRAME + gap) - gap, 3), 255, dtype=np.uint8)
         for j, f in enumerate(frames):
             strip[:, j * (FRAME + gap):j * (FRAME + gap) + FRAME] = to_image(f)
-        ax.imshow(strip, interpolation="nearest")
-        ax.set_xticks([j * (FRAME + gap) + FRAME // 2 for j in range(0, width, 2)])
-        ax.set_xticklabels([f"t={j}" for j in range(0, width, 2)], fontsize=5)
+        ax.imshow(strip, interpolation="nearest", aspect="auto")
+        ax.set_xticks([j * (FRAME + gap) + FRAME // 2 for j in range(0, n, 2)])
+        ax.set_xticklabels([f"t={j}" for j in range(0, n, 2)], fontsize=5)
+        ax.tick_params(axis="x", length=2, pad=1)
         ax.set_yticks([])
         ok = "on time" if ep["arrived_at"] == ep["T"] else (f"arrived at t={ep['arrived_at']}" if ep["arrived_at"]
                                                           else "did not arrive")
-        ax.set_ylabel(f"{LABELS[a]}\nT={ep['T']}: {ok}", fontsize=5, rotation=0, ha="right", va="center")
+        ax.set_ylabel(f"{LABELS[a]}\nT={ep['T']}: {ok}", fontsize=6, rotation=0, ha="right", va="center")
         gif += [to_image(f) for f in frames] + [to_image(frames[-1])] * 2
-    strip_name = save_figure(fig, out_dir, "gridworld_episodes.png", dpi=130)
+    strip_name = save_figure(fig, out_dir, "gridworld_episodes.png", dpi=130, layout=False)
     from PIL import Image  # Pillow comes with matplotlib
 
     imgs = [Image.fromarray(f).resize((112, 112), Image.NEAREST) for f in gif]
@@ -312,13 +330,18 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
         return ""
     by = {r.extra.get("agent", r.config.name): r for r in results}
     c0 = results[0]
+    from ..report import how_to_read
+    from ..verdicts import published_budget, run_budget, verdict
+
     lines = ["## Grid-world time tracking (Fig. 5)", "", CLAIM, ""]
     envs = c0.config.params.get("envs", GridworldParams.envs)
-    lines.append(f"{c0.config.seeds} seeds per agent, {c0.config.steps} updates of {envs} "
-                 f"episodes per seed (T ~ U{{{c0.extra['t_range'][0]}, {c0.extra['t_range'][1]}}}); evaluation: "
-                 f"{c0.extra['episodes_per_T']} greedy episodes per seed and T; success = arrival at exactly t = T. "
-                 "Rates pool the episodes of all seeds, with 95% Wilson intervals.")
-    lines.append("")
+    lines += how_to_read(
+        f"{c0.config.seeds} seeds per agent, {c0.config.steps} updates of {envs} episodes per seed (T ~ "
+        f"U{{{c0.extra['t_range'][0]}, {c0.extra['t_range'][1]}}}); evaluation: {c0.extra['episodes_per_T']} greedy "
+        "episodes per seed and instruction T. *Success* here is the grid world's own: the agent reaches the "
+        "target at exactly t = T (not the arithmetic tasks' MSE threshold). Every rate pools the episodes of all "
+        "seeds and carries a 95% Wilson interval; the T = 5..12 column is the training range, the later ones "
+        "extrapolation. The claim's rule is below the table.")
     bands = [("T = 1..4", range(1, 5)), ("T = 5..12 (training)", range(5, 13)), ("T = 13..19", range(13, 20)),
              ("T >= 20", range(20, 1000))]
     rows = []
@@ -340,10 +363,13 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     lines.append("")
     lines.append(f"Rule: {RULE}")
     lines.append("")
-    lines.append(claim_verdict(by)[1])
+    holds, sentence, bound = claim_verdict(by)
+    v = verdict(holds, run_budget(results), published_budget(NAME, list(by)), budget_bound=bound)
+    lines.append(f"{sentence} Verdict: {v}.")
     lines.append("")
     strip, gif = _plot_episodes(by, out_dir)
-    lines.append("Episodes of seed 0 (greedy; gray: agent, red: target; the row label says when it arrived):")
+    lines.append("Episodes of seed 0 (greedy; gray: agent, red: target; one frame per step; the row label says "
+                 "when it arrived):")
     lines.append("")
     lines.append(f"![episodes]({strip}) ([animation]({gif}))")
     lines.append("")

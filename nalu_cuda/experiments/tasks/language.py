@@ -308,7 +308,8 @@ def _verdict(by: Dict[str, registry.ConfigResult]) -> str:
     if nalu is None:
         return ""
     s_n = nalu.summary
-    lines = []
+    lines: List[str] = []
+    claim_ok: List[bool] = []
     for base in ("linear", "linear-sum"):
         b = by.get(base)
         if b is None:
@@ -323,6 +324,7 @@ def _verdict(by: Dict[str, registry.ConfigResult]) -> str:
         sel_b = (b.extra or {}).get("selected", {}).get("test_mae")
         txt = (f"LSTM + NALU test MAE {fmt_num(m_n)} vs {LABELS[base]} {fmt_num(m_b)} (mean over seeds; "
                f"validation-selected single models: {fmt_num(sel_n)} vs {fmt_num(sel_b)}): ")
+        claim_ok.append(bool(clearly))
         if clearly:
             txt += "NALU clearly lower (the 95% intervals do not overlap), as the paper claims."
         elif m_n < m_b:
@@ -330,6 +332,12 @@ def _verdict(by: Dict[str, registry.ConfigResult]) -> str:
         else:
             txt += "NALU is NOT below the baseline here, contrary to the paper's claim."
         lines.append(txt)
+    if claim_ok:
+        from ..verdicts import published_budget, run_budget, verdict
+
+        cells = [by[h] for h in ("nalu", "linear", "linear-sum") if h in by]
+        lines.append("Claim 'LSTM + NALU generalises best' (rule: its test-MAE interval lies below every "
+                     "baseline's): " + verdict(all(claim_ok), run_budget(cells), published_budget(NAME, list(by))) + ".")
     lines.extend(_why(by))
     return "\n\n".join(lines)
 
@@ -372,7 +380,7 @@ def _plot_fig3(by: Dict[str, registry.ConfigResult], out_dir: str) -> Optional[s
     nalu = by.get("nalu")
     if nalu is None or not (nalu.extra or {}).get("fig3"):
         return None
-    from ..report import plt as pyplot, save_figure
+    from ..report import line_styles, plt as pyplot, save_figure
 
     try:
         plt = pyplot()
@@ -380,19 +388,22 @@ def _plot_fig3(by: Dict[str, registry.ConfigResult], out_dir: str) -> Optional[s
         return None
     items = nalu.extra["fig3"]
     fig, axes = plt.subplots(1, len(items), figsize=(3.2 * len(items), 3.2), squeeze=False)
+    styles = dict(zip(by, line_styles(len(by))))
     for ax, it in zip(axes[0], items):
         words = it["words"].split()
         xs = list(range(len(words)))
         for h, r in by.items():
             f3 = {x["number"]: x for x in (r.extra or {}).get("fig3", [])}
             if it["number"] in f3:
-                ax.plot(xs, f3[it["number"]]["running"], marker="o", label=LABELS.get(h, h))
-        ax.axhline(it["number"], color="k", lw=0.8, ls="--")
+                ax.plot(xs, f3[it["number"]]["running"], ms=4, label=LABELS.get(h, h), **styles[h])
+        ax.axhline(it["number"], color="k", lw=0.8, ls="--", label="the number")
         ax.set_xticks(xs)
         ax.set_xticklabels(words, rotation=45, ha="right", fontsize=8)
         ax.set_title(str(it["number"]), fontsize=9)
     axes[0][0].set_ylabel("output after each token")
     axes[0][-1].legend(fontsize=7)
+    fig.suptitle("Language to number (cf. Fig. 3): each head's running output after every token of unseen test "
+                 "phrases", fontsize=9)
     return save_figure(fig, out_dir, "language_fig3.png")
 
 
@@ -401,15 +412,19 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
         return ""
     by = {r.config.params.get("head"): r for r in results}
     c0 = results[0].config
+    from ..report import how_to_read
+
     lines = [CLAIM, ""]
     sizes = c0.params.get("sizes", [list(s) for s in LanguageParams.sizes])
     lrs = c0.params.get("lrs", list(LanguageParams.lrs))
-    lines.append(f"Split {SPLIT_SIZES}; {c0.steps} full-batch Adam steps; model selection on validation loss "
+    lines += how_to_read(
+                 "every number is a mean absolute error between the predicted and the true number (lower is "
+                 "better; the test phrases never occur in training). "
+                 f"Split {SPLIT_SIZES}; {c0.steps} full-batch Adam steps; model selection on validation loss "
                  f"over sizes (embedding, LSTM) {sizes} and learning rates {lrs}; {c0.seeds} seeds. 'Mean over "
                  "seeds' picks, for each seed, the size and learning rate with the lowest validation loss "
                  "(95% Student-t intervals); 'selected' is the one model per head with the lowest "
                  "validation loss overall.")
-    lines.append("")
     lines.append("| model | test MAE (mean over seeds) | test MAE 20..99 | test MAE 100..999 | train MAE | "
                  "validation MAE | selected model: test MAE | diverged |")
     lines.append("|---|---|---|---|---|---|---|---|")

@@ -277,7 +277,7 @@ LABELS = {"lstm": "LSTM", "ugrnn": "UGRNN", "nalu": "LSTM + NALU"}
 
 
 def _plot(results: Sequence[registry.ConfigResult], out_dir: str) -> Optional[str]:
-    from ..report import plt as pyplot, save_figure
+    from ..report import line_styles, plt as pyplot, save_figure
 
     try:
         plt = pyplot()
@@ -289,6 +289,7 @@ def _plot(results: Sequence[registry.ConfigResult], out_dir: str) -> Optional[st
         return None
     fig, axes = plt.subplots(2 * len(tasks), len(DOMAINS), figsize=(4 * len(DOMAINS), 3.0 * 2 * len(tasks)),
                              squeeze=False)
+    styles = dict(zip(MODELS, line_styles(len(MODELS))))
     for ti, task in enumerate(tasks):
         for di, d in enumerate(DOMAINS):
             for mi, metric in enumerate(("acc", "relerr")):
@@ -305,13 +306,13 @@ def _plot(results: Sequence[registry.ConfigResult], out_dir: str) -> Optional[st
                     steps = np.array(cur["step"][:len(arr)])
                     mean = np.nanmean(arr, axis=1)
                     sd = np.nanstd(arr, axis=1)
-                    ax.plot(steps, mean, label=LABELS[m])
+                    ax.plot(steps, mean, label=LABELS[m], ms=3, markevery=max(1, len(steps) // 10), **styles[m])
                     lo, hi = mean - 2 * sd, mean + 2 * sd
                     if metric == "acc":
                         lo, hi = np.clip(lo, 0, 1), np.clip(hi, 0, 1)
                     else:
                         lo = np.maximum(lo, 1e-4)
-                    ax.fill_between(steps, lo, hi, alpha=0.2)
+                    ax.fill_between(steps, lo, hi, alpha=0.15, color=styles[m]["color"])
                 if metric == "relerr":
                     ax.set_yscale("log")
                 lo_, hi_ = DOMAINS[d]
@@ -320,6 +321,8 @@ def _plot(results: Sequence[registry.ConfigResult], out_dir: str) -> Optional[st
                 ax.set_xlabel("training step", fontsize=8)
                 if di == 0 and ti == 0 and mi == 0:
                     ax.legend(fontsize=7)
+    fig.suptitle("Program evaluation (cf. Fig. 4): test accuracy and relative error per domain during training "
+                 "(mean over seeds, 2-sigma bands)", fontsize=10)
     return save_figure(fig, out_dir, "programs_fig4.png", dpi=100)
 
 
@@ -331,10 +334,14 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
         return ""
     by = {(r.config.params.get("task"), r.config.params.get("model")): r for r in results}
     c0 = results[0].config
+    from ..report import how_to_read
+
     lines = [CLAIM, ""]
-    lines.append(f"{c0.seeds} seeds per model, {c0.steps} steps; checkpoint per seed chosen on validation programs "
-                 "with integers in [0, 100); final test on 1000 programs per domain; mean over seeds with 95% "
-                 "Student-t intervals. Accuracy: rounded output equals the printed value. Relative error: MAE / "
+    lines += how_to_read(
+                 f"{c0.seeds} seeds per model, {c0.steps} steps; checkpoint per seed chosen on validation programs "
+                 "with integers in [0, 100); final test on 1000 programs per domain; means over seeds, accuracies (a "
+                 "rate) with 95% Wilson intervals (one trial per seed), relative errors with 95% Student-t intervals. "
+                 "Accuracy: rounded output equals the printed value. Relative error: MAE / "
                  f"mean |target|. Every model's output is multiplied by a fixed {fmt_num(c0.params.get('out_scale', ProgramsParams.out_scale))} "
                  "(the training range) so that linear read-outs start at the targets' scale.")
     lines.append("")
