@@ -66,22 +66,24 @@ def _announce(sources, cuda):
         print(f"nalu_cuda:   {folder}/: {', '.join(names)}", file=sys.stderr, flush=True)
 
 
+CSRC = os.path.join(HERE, "csrc")  # the include root: every #include "..." of csrc/ is relative to it
+
+
+def _sources(cuda):
+    """Every source of the extension, by one rule that CMakeLists.txt repeats: each *.cpp under
+    csrc/ (the Python module csrc/module.cpp included), those in a cuda/ folder and every *.cu only
+    when building the CUDA kernels, never csrc/emulation/ (a developer tool)."""
+    found = glob.glob("csrc/**/*.cpp", recursive=True) + (glob.glob("csrc/**/*.cu", recursive=True) if cuda else [])
+    return sorted(p for p in found if not p.startswith("csrc/emulation/")
+                  and (cuda or "/cuda/" not in p))
+
+
 def _extension():
     debug = _flag("NALU_CUDA_DEBUG")
     opt = ["-O0", "-g"] if debug else ["-O3", "-g0"]
-    sources = [
-        "csrc/nalu_ops.cpp",
-        "csrc/nalu_layer.cpp",
-        "csrc/autocast.cpp",
-        "csrc/autograd.cpp",
-        "csrc/autograd_power.cpp",
-        "csrc/power_layer.cpp",
-        "csrc/autograd_units.cpp",
-        "csrc/units.cpp",
-        "csrc/module.cpp",
-    ] + sorted(glob.glob("csrc/cpu/*.cpp")) + sorted(glob.glob("csrc/training/*.cpp"))
+    sources = _sources(cuda=False)
     macros = [("NALU_CUDA_VERSION", f'"{VERSION}"')]
-    # -fno-trapping-math lets gcc turn the selects of csrc/nalu_math.h into vector blends (it
+    # -fno-trapping-math lets gcc turn the selects of csrc/common/math.h into vector blends (it
     # changes no result: nothing here reads floating-point exception flags).
     cxx = opt + ["-fopenmp", "-fno-trapping-math", "-Wall", "-Wno-unknown-pragmas"]
     link = ["-fopenmp"]
@@ -89,23 +91,24 @@ def _extension():
         if not os.environ.get("TORCH_CUDA_ARCH_LIST") and not torch.cuda.is_available():
             # No GPU to ask: Ampere and Hopper machine code, plus PTX for anything newer.
             os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
-        # csrc/cuda/*.cpp (the ops: checks, cuBLAS calls, registration) go to the host compiler,
-        # csrc/cuda/*.cu and csrc/training/*.cu (the kernels, no ATen headers) to nvcc.
-        sources += (sorted(glob.glob("csrc/cuda/*.cpp")) + sorted(glob.glob("csrc/cuda/*.cu"))
-                    + sorted(glob.glob("csrc/training/*.cu")))
+        # The cuda/ folders' *.cpp (the ops: checks, cuBLAS calls, registration) go to the host
+        # compiler, every *.cu (the kernels, no ATen headers) to nvcc.
+        sources = _sources(cuda=True)
         macros.append(("NALU_CUDA_WITH_CUDA", None))
         nvcc = opt[:1] + ["-lineinfo"] if not debug else ["-O0", "-g", "-G"]
         _announce(sources, cuda=True)
         return CUDAExtension(
             "nalu_cuda._C",
             sources,
+            include_dirs=[CSRC],
             define_macros=macros,
             extra_compile_args={"cxx": cxx, "nvcc": nvcc},
             extra_link_args=link,
         )
     _announce(sources, cuda=False)
     return CppExtension(
-        "nalu_cuda._C", sources, define_macros=macros, extra_compile_args={"cxx": cxx}, extra_link_args=link
+        "nalu_cuda._C", sources, include_dirs=[CSRC], define_macros=macros, extra_compile_args={"cxx": cxx},
+        extra_link_args=link,
     )
 
 

@@ -5,7 +5,7 @@
 
 Imports nalu_cuda with NALU_CUDA_REQUIRE_EXT=1 (a missing or broken extension is an error, not a
 fallback to the reference path), then asserts that the build reports CUDA and that every op of the
-schema (csrc/nalu_ops.cpp) has a kernel for the CUDA dispatch key, and, the layer ops, for CPU,
+schema (csrc/ops/*/schema.cpp, csrc/experiments/schema.cpp) has a kernel for the CUDA dispatch key, and, the layer ops, for CPU,
 Autograd (forward ops) and AutocastCUDA. Exits non-zero with the list of what is missing.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# CI emulation stage: the CUDA ops and kernels of csrc/cuda/ (every *.cpp and *.cu there, and the
-# training kernels csrc/training/*.cu) built for the CPU on the CUDA emulator
-# (csrc/cuda/emulation/build.py) and the CUDA test files (python_tests/test_cuda.py,
+# CI emulation stage: the CUDA ops and kernels of csrc/ (every *.cpp of a cuda/ folder and every
+# *.cu, the experiments' kernels among them) built for the CPU on the CUDA emulator
+# (csrc/emulation/build.py) and the CUDA test files (python_tests/test_cuda.py,
 # test_units_cuda.py, test_power_cuda.py, test_flat_adam_cuda.py) and the layout fuzz
 # (test_layouts.py: every argument of every NAC/NALU op in every memory layout) run on them, so that
 # every change to the CUDA sources is checked without a GPU.
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=$(realpath -m "${1:-build-emu}")
-LIB=$(python csrc/cuda/emulation/build.py "$BUILD" | tail -n 1)
+LIB=$(python csrc/emulation/build.py "$BUILD" | tail -n 1)
 [ -f "$LIB" ] || { echo "emulation: build.py printed no library ($LIB)"; exit 1; }
 REPORT="$BUILD/test_cuda.xml"
 NALU_CUDA_LIBRARY="$LIB" NALU_CUDA_TEST_EMULATION=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} \

@@ -10,9 +10,9 @@
 
 #include <tuple>
 
-#include "registration.h"  // find_op
-#include "training/flat_adam.h"
-#include "training/uniform_fill.h"
+#include "common/registration.h"  // find_op
+#include "experiments/cpu/flat_adam.h"
+#include "experiments/cpu/uniform_fill.h"
 
 #ifndef NALU_CUDA_VERSION
 #define NALU_CUDA_VERSION "unknown"
@@ -62,7 +62,7 @@ Tensor nmu(const Tensor& x, const Tensor& W) {
 }
 
 // The resident Adam step of FlatAdam (the op nalu_cuda::flat_adam_step_resident: a CUDA kernel,
-// csrc/cuda/flat_adam_cuda.cpp), through the dispatcher like the layers above.
+// csrc/experiments/cuda/flat_adam_cuda.cpp), through the dispatcher like the layers above.
 Tensor flat_adam_step_resident(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                                const Tensor& exp_avg_sq, const Tensor& segments, const Tensor& frozen,
                                const Tensor& step_t, double lr, double beta1, double beta2, double eps) {
@@ -99,14 +99,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("nalu", &nalu, release());
   m.def("nau", &nau, release());
   m.def("nmu", &nmu, release());
-  // The training data of nalu_cuda.experiments.arithmetic.UniformStream (csrc/training/uniform_fill.h).
+  // The training data of nalu_cuda.experiments.arithmetic.UniformStream (csrc/experiments/cpu/uniform_fill.h).
   m.def("sfc64_uniform_fill", &nalu_cuda::training::sfc64_uniform_fill, release(), pybind11::arg("state"),
         pybind11::arg("out"), pybind11::arg("lo"), pybind11::arg("hi"), pybind11::arg("raw") = false,
         pybind11::arg("weights") = pybind11::none(), pybind11::arg("sums") = pybind11::none(),
         "Fill out (rows, n), or (rows, G, n) for a state (G, 4), with numpy SFC64 float32 uniforms in "
         "[lo, hi) ([1, 2) when raw), advancing the int64 state(s) in place; with weights (G, seg, K) and "
         "sums (rows, G, n / seg, K), both float64, also the weighted sums of each segment of seg values.");
-  // One Adam step of nalu_cuda.experiments.training.FlatAdam (csrc/training/flat_adam.h).
+  // One Adam step of nalu_cuda.experiments.training.FlatAdam (csrc/experiments/cpu/flat_adam.h).
   m.def("flat_adam_step", &nalu_cuda::training::flat_adam_step, release(), pybind11::arg("param"), pybind11::arg("grad"),
         pybind11::arg("exp_avg"), pybind11::arg("exp_avg_sq"), pybind11::arg("segments"), pybind11::arg("frozen"),
         pybind11::arg("freeze_nonfinite"), pybind11::arg("lr"), pybind11::arg("beta1"), pybind11::arg("beta2"), pybind11::arg("eps"), pybind11::arg("step"),

@@ -1,9 +1,10 @@
 """Loading of the native ops, and their fake (meta) implementations.
 
-The schemas are declared in ``csrc/nalu_ops.cpp``; kernels are registered per device in C++.
-Here, for every op, ``torch.library.register_fake`` (shapes only, so ``torch.compile`` traces the
-ops without running them). Autograd is registered in C++ (``csrc/autograd.cpp``): each forward
-op's backward is one call of the matching ``*_backward`` op.
+The schemas are declared once per op family in C++ (``csrc/ops/<family>/schema.cpp``, the
+experiments' op in ``csrc/experiments/schema.cpp``), and the op names here are read back from the
+loaded library (``OP_NAMES`` and the others, below); kernels and autograd are registered per
+family in C++. Here, for every op, ``torch.library.register_fake`` (shapes only, so
+``torch.compile`` traces the ops without running them).
 
 The library comes from the extension module ``nalu_cuda._C`` or, when the environment variable
 ``NALU_CUDA_LIBRARY`` names a file, from that shared library (the CMake build).
@@ -19,22 +20,25 @@ from torch import Tensor
 from . import reference
 
 ops = None  # torch.ops.nalu_cuda once loaded
+_LIBRARY_FILE: Optional[str] = None  # the shared library that holds the ops
 fast = None  # nalu_cuda._C: direct eager entry points of the forward ops (see csrc/module.cpp)
 LOAD_ERROR: Optional[BaseException] = None
 BUILD_INFO: dict = {}
 
 
 def _load() -> None:
-    global ops, fast, BUILD_INFO
+    global ops, fast, BUILD_INFO, _LIBRARY_FILE
     path = os.environ.get("NALU_CUDA_LIBRARY")
     if path:
         torch.ops.load_library(path)
         BUILD_INFO = {"library": os.path.basename(path)}
+        _LIBRARY_FILE = path
     else:
         from . import _C  # loading it registers the ops
 
         BUILD_INFO = dict(_C.build_info())
         fast = _C
+        _LIBRARY_FILE = _C.__file__
     ops = torch.ops.nalu_cuda
 
 
@@ -48,21 +52,30 @@ except (ImportError, OSError) as exc:  # not built, or built against another tor
             f"forbids falling back to the reference path: {exc}"
         ) from exc
 
-# Every layer op of csrc/nalu_ops.cpp (the training ops: TRAINING_OP_NAMES, below).
-OP_NAMES = (
-    "nac_weight",
-    "nac_weight_backward",
-    "nac_forward",
-    "nac_backward",
-    "nac_mul_forward",
-    "nac_mul_backward",
-    "nalu_forward",
-    "nalu_backward",
-    "npu_forward",
-    "npu_backward",
-    "inalu_forward",
-    "inalu_backward",
-)
+
+def _op_families() -> dict:
+    """{family: (kind, op names)} of the loaded library, as its schemas declare them: the C function
+    ``nalu_cuda_op_list`` (``csrc/common/registration.cpp``), one line "kind family op op ..." per
+    family, kind "layer" or "training". Empty without the library (or for one built before the list)."""
+    if _LIBRARY_FILE is None:
+        return {}
+    import ctypes
+
+    try:
+        op_list = ctypes.CDLL(_LIBRARY_FILE).nalu_cuda_op_list
+    except (OSError, AttributeError):
+        return {}
+    op_list.restype = ctypes.c_char_p
+    rows = [line.split() for line in op_list().decode().splitlines() if line.strip()]
+    return {row[1]: (row[0], tuple(row[2:])) for row in rows}
+
+
+OP_FAMILIES = _op_families()
+# Every layer op (each family's schema.cpp), the NAU/NMU's among them, and the training ops
+# (csrc/experiments/): derived from the library's op list, never written here.
+OP_NAMES = tuple(op for kind, names in OP_FAMILIES.values() if kind == "layer" for op in names)
+UNIT_OP_NAMES = OP_FAMILIES.get("nau_nmu", ("layer", ()))[1]
+TRAINING_OP_NAMES = tuple(op for kind, names in OP_FAMILIES.values() if kind == "training" for op in names)
 
 
 def has_kernel(device_type: str, op: str = "nalu_forward") -> bool:
@@ -92,7 +105,7 @@ POWER_KERNEL_DTYPES = frozenset(
 
 
 # ------------------------------------------------------------------------------------------------
-# Shape logic of the fakes: the same checks and messages as csrc/nalu_layer.cpp, on metadata only.
+# Shape logic of the fakes: the same checks and messages as csrc/ops/nac_nalu/checks.cpp, on metadata only.
 # ------------------------------------------------------------------------------------------------
 
 
@@ -324,7 +337,7 @@ def _register_flop_formulas() -> None:
 
 
 def _npu_out_shape(op: str, x: Tensor, W_r: Tensor, W_i: Optional[Tensor], g: Tensor, eps: float) -> list:
-    """The checks of csrc/power_layer.cpp (check_npu) on metadata; returns y's shape."""
+    """The checks of csrc/ops/power/checks.cpp (check_npu) on metadata; returns y's shape."""
     _check_float(op, "x", x)
     _check_float(op, "W_r", W_r)
     _check_match(op, "W_r", W_r, "x", x)
@@ -385,11 +398,8 @@ if ops is not None:
 
 
 # ------------------------------------------------------------------------------------------------
-# NAU and NMU (csrc/units.h): one weight W, checks as csrc/units.cpp's check_unit.
+# NAU and NMU (csrc/ops/nau_nmu/): one weight W, checks as csrc/ops/nau_nmu/checks.cpp's check_unit.
 # ------------------------------------------------------------------------------------------------
-
-UNIT_OP_NAMES = ("nau_forward", "nau_backward", "nmu_forward", "nmu_backward")
-OP_NAMES = OP_NAMES + UNIT_OP_NAMES
 
 
 def _unit_out_shape(op: str, x: Tensor, W: Tensor) -> list:
@@ -450,11 +460,8 @@ if ops is not None:
 
 # ------------------------------------------------------------------------------------------------
 # Training ops (not layers): the resident Adam step of experiments.parts.optim.FlatAdam, a CUDA
-# kernel only (csrc/cuda/flat_adam_cuda.cpp; other devices get an error, FlatAdam tensor ops).
+# kernel only (csrc/experiments/cuda/flat_adam_cuda.cpp; other devices get an error, FlatAdam tensor ops).
 # ------------------------------------------------------------------------------------------------
-
-TRAINING_OP_NAMES = ("flat_adam_step_resident",)
-
 
 def _register_training_fakes() -> None:
     @torch.library.register_fake("nalu_cuda::flat_adam_step_resident")

@@ -231,7 +231,7 @@ def nalu_parts(
         x, W_hat, M_hat, W_hat_m, M_hat_m, G = _with_gate_bias(x, W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias)
     dev = x.device.type
     if torch.is_autocast_enabled(dev):
-        # the ops' autocast policy (csrc/autocast.cpp): float16/bfloat16 arguments cast to float32
+        # the ops' autocast policy (csrc/common/autocast.cpp): float16/bfloat16 arguments cast to float32
         # once, the op run outside autocast; here before the Function, so that what it saves for
         # backward has the dtype the ops ran in.
         def f32(t):

@@ -40,7 +40,7 @@ def scalar_problem(name: str, value, dtype: Optional[torch.dtype] = None, positi
     """What is wrong with a scalar argument (``eps``, ``omega``), or None: a real number (not a bool),
     finite and, for ``positive``, above 0; with ``dtype``, still so in the precision the ops compute
     in for tensors of that dtype (float64 for float64, float32 for every narrower type: an eps of
-    1e-50 is 0 in float32 and 1e39 is inf). The fused ops' checks (csrc/nalu_layer.cpp
+    1e-50 is 0 in float32 and 1e39 is inf). The fused ops' checks (csrc/common/checks.cpp
     ``check_scalar``) say the same words."""
     what = "a positive finite number" if positive else "a finite number"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -180,7 +180,7 @@ def nalu(
 
 # ------------------------------------------------------------------------------------------------
 # Units beyond the paper: the power units (NPU, RealNPU) and iNALU. Formulas as the published
-# numbers were produced (the authors' code); see also csrc/power_math.h.
+# numbers were produced (the authors' code); see also csrc/ops/power/math.h.
 # ------------------------------------------------------------------------------------------------
 
 DEFAULT_OMEGA = 20.0

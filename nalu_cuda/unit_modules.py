@@ -21,7 +21,7 @@ __all__ = ["NPU", "RealNPU", "INALU", "NAU", "NMU", "project_after_step"]
 
 
 # ------------------------------------------------------------------------------------------------
-# Units beyond the paper (csrc/power_math.h, nalu_cuda.reference.npu / inalu): initialisations as
+# Units beyond the paper (csrc/ops/power/math.h, nalu_cuda.reference.npu / inalu): initialisations as
 # in the authors' code, see the class docstrings.
 # ------------------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The CUDA kernel of FlatAdam's resident step (csrc/training/flat_adam_cuda.cu, the op
+"""The CUDA kernel of FlatAdam's resident step (csrc/experiments/cuda/flat_adam_kernels.cu, the op
 ``nalu_cuda::flat_adam_step_resident``) against ``FlatAdam.step_resident``'s tensor ops.
 
 Several steps of random gradients over several parameters (one of them grouped, ``(E * C, ...)``),

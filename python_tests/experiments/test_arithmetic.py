@@ -107,7 +107,7 @@ def test_ops_and_aliases():
 
 
 # ------------------------------------------------------------------------------------------------
-# The native fill (csrc/cpu/uniform_fill.cpp) against the numpy code of UniformStream._draw_into
+# The native fill (csrc/experiments/cpu/uniform_fill.cpp) against the numpy code of UniformStream._draw_into
 # ------------------------------------------------------------------------------------------------
 
 _native = getattr(nalu_cuda._ops.fast, "sfc64_uniform_fill", None)

@@ -217,7 +217,7 @@ def test_static_stream_option(tmp_path):
 
 
 def test_resident_step_kernel_is_cuda_only():
-    # The fused resident step (csrc/training/flat_adam_cuda.cu) runs on CUDA tensors only: on CPU
+    # The fused resident step (csrc/experiments/cuda/flat_adam_kernels.cu) runs on CUDA tensors only: on CPU
     # FlatAdam keeps its tensor ops, and the op says what it needs.
     import nalu_cuda
 

@@ -1,9 +1,9 @@
 """Adam for ensembles: every parameter leads with the member dimension ``E`` and members never mix.
 
 :class:`FlatAdam` is the toolkit's one optimiser, for every task: every parameter a view of one
-flat buffer, on CPU one fused native pass per step (``csrc/training/flat_adam.cpp``) that also
+flat buffer, on CPU one fused native pass per step (``csrc/experiments/cpu/flat_adam.cpp``) that also
 freezes diverged members, on CUDA two kernel launches for the device-resident step
-(``csrc/training/flat_adam_cuda.cu``); optionally a learning rate per parameter group and per
+(``csrc/experiments/cuda/flat_adam_kernels.cu``); optionally a learning rate per parameter group and per
 member, and gradient-norm clipping per member (the sequence tasks use both).
 :class:`FlatRMSProp` is the same buffers with TensorFlow 1's RMSProp, the update iNALU's published
 runs use, including their alternation of weight and gate steps.
@@ -153,7 +153,7 @@ class FlatAdam:
             self.flat.addcdiv_(self.exp_avg * self.lr_flat, denom, value=-1.0 / bc1)
 
     def _native_step(self, E: int):
-        """The fused CPU step (csrc/training/flat_adam.cpp) and the (offset, per-member size) of
+        """The fused CPU step (csrc/experiments/cpu/flat_adam.cpp) and the (offset, per-member size) of
         every parameter, or None where it does not apply (not CPU, extension not built, learning
         rates per element or clipping, a parameter without the leading member dimension E)."""
         if self._segments is None or self._segments[0] != E:  # worked out once per E, not per step
@@ -202,7 +202,7 @@ class FlatAdam:
 
     def _resident_native(self, E: int):
         """The CUDA kernel of :meth:`step_resident` (``flat_adam_step_resident``,
-        csrc/training/flat_adam_cuda.cu) and the (offset, per-member size) of every parameter as an
+        csrc/experiments/cuda/flat_adam_kernels.cu) and the (offset, per-member size) of every parameter as an
         int64 tensor on the device, or None where it does not apply (not CUDA, no CUDA kernel built,
         a dtype other than float32/float64, learning rates per element or clipping, a parameter
         without the leading member dimension E). Worked out once per E (not under a graph capture:

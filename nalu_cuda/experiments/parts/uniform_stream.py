@@ -3,7 +3,7 @@
 :class:`UniformStream` draws every member's batches from its own numpy ``SFC64`` generator seeded
 from its seed (about 4x faster than ``torch.rand`` here, which matters when 100 seeds each draw
 128 x 100 inputs a step), in chunks, optionally in a background thread, through the native fill
-(``csrc/cpu/uniform_fill.cpp``, bit-identical to numpy's output) where it is built;
+(``csrc/experiments/cpu/uniform_fill.cpp``, bit-identical to numpy's output) where it is built;
 :class:`SumTargets` computes the subset sums ``a``, ``b`` and the targets in the same pass.
 """
 from __future__ import annotations
@@ -85,7 +85,7 @@ class UniformStream:
     resolution of U[1,2); for U[1,2) itself no mapping is needed). For a union of intervals, the
     low bit of the same word picks the interval when there are two of equal length; otherwise a
     second draw does. For a single interval the native extension computes the same bits in one
-    pass (``nalu_cuda._C.sfc64_uniform_fill``, csrc/cpu/uniform_fill.cpp); without it, or for a
+    pass (``nalu_cuda._C.sfc64_uniform_fill``, csrc/experiments/cpu/uniform_fill.cpp); without it, or for a
     union, numpy does.
     """
 

@@ -1,0 +1,30 @@
+// isa.cpp: the choice of instruction set of every CPU kernel (isa.h). The environment variable
+// NALU_CUDA_CPU_ISA=base forces the baseline kernels (the tests use it to check both builds).
+#include "common/cpu/isa.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace nalu_cuda {
+namespace cpu {
+
+const std::vector<at::ScalarType>& cpu_dtypes() {
+  static const std::vector<at::ScalarType> kTypes{at::kFloat, at::kDouble};
+  return kTypes;
+}
+
+bool use_avx2() {
+#ifdef NALU_CPU_HAVE_AVX2
+  static const bool kUse = [] {
+    const char* forced = std::getenv("NALU_CUDA_CPU_ISA");
+    if (forced != nullptr && std::strcmp(forced, "base") == 0) return false;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return kUse;
+#else
+  return false;
+#endif
+}
+
+}  // namespace cpu
+}  // namespace nalu_cuda

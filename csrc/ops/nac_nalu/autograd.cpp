@@ -1,0 +1,301 @@
+// autograd.cpp: autograd for the forward ops (Autograd dispatch key, every device).
+//
+// Each forward op is a torch::autograd::Function whose backward is one call of the matching
+// *_backward op through the dispatcher (so it runs on the inputs' device, and torch.compile
+// traces it through the ops' fakes). Saved: the inputs and the forward's extra results
+// (lx = log(|x| + eps); a, m, g for NALU); those extra results are marked non-differentiable.
+// Written in C++ rather than with torch.library.register_autograd because at the paper's layer
+// sizes the Python wrapper costs more than the whole fused forward.
+//
+// Double backward: the *_backward ops have no autograd of their own, so when grad mode is on
+// inside backward (create_graph=True: gradient penalties, meta-learning, Hessian-vector
+// products), each backward instead calls its *_backward_composite below: the same gradients by
+// the formulas of the reference's derivative (s(x) = sign(x) / (|x| + eps), sign(0) = 0), in
+// differentiable ATen ops that recompute W, lx, a, m and g from the saved inputs, so that
+// autograd records a graph for every second derivative. The plain backward keeps the fused op.
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "common/registration.h"
+
+namespace nalu_cuda {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using at::Tensor;
+using OptTensor = c10::optional<Tensor>;
+
+Tensor or_undefined(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
+
+// ------------------------------------------------------------------------------------------------
+// Differentiable backward (create_graph=True), one function per op, in ATen ops only.
+// Shapes: a plain layer has W (I, O) and x (..., I); an ensemble W (E, I, O) and x (E, ..., I).
+// ------------------------------------------------------------------------------------------------
+
+// Rows of x per ensemble member (all of them for a plain layer): the batch dims flattened.
+int64_t batch_rows(const Tensor& x, bool ensemble) {
+  int64_t rows = 1;
+  for (int64_t d = ensemble ? 1 : 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  return rows;
+}
+
+// x W for a plain layer or an ensemble (the reference's _matmul).
+Tensor layer_matmul(const Tensor& x, const Tensor& W) {
+  auto shape = x.sizes().vec();
+  shape.back() = W.size(-1);
+  if (W.dim() == 2) return at::matmul(x, W);
+  const int64_t E = W.size(0);
+  return at::bmm(x.reshape({E, batch_rows(x, true), W.size(1)}), W).reshape(shape);
+}
+
+// dL/dW of y = x W from dy = dL/dy: x^T dy summed over the batch, shaped like W.
+Tensor layer_weight_grad(const Tensor& x, const Tensor& dy, const Tensor& W) {
+  const bool ensemble = W.dim() == 3;
+  const int64_t rows = batch_rows(x, ensemble), I = W.size(-2), O = W.size(-1);
+  if (!ensemble) return at::mm(x.reshape({rows, I}).t(), dy.reshape({rows, O}));
+  const int64_t E = W.size(0);
+  return at::bmm(x.reshape({E, rows, I}).transpose(1, 2), dy.reshape({E, rows, O}));
+}
+
+// d lx / dx = sign(x) / (|x| + eps), 0 at x = 0.
+Tensor log_abs_derivative(const Tensor& x, double eps) { return at::sign(x) / (at::abs(x) + eps); }
+
+// W = tanh(W_hat) * sigmoid(M_hat).
+Tensor nac_weight_composite(const Tensor& W_hat, const Tensor& M_hat) {
+  return at::tanh(W_hat) * at::sigmoid(M_hat);
+}
+
+// dW_hat = dW (1 - tanh^2) sigmoid,  dM_hat = dW tanh sigmoid (1 - sigmoid).
+std::tuple<Tensor, Tensor> nac_weight_backward_composite(const Tensor& grad_W, const Tensor& W_hat,
+                                                         const Tensor& M_hat) {
+  const Tensor t = at::tanh(W_hat), s = at::sigmoid(M_hat);
+  return {grad_W * (1 - t * t) * s, grad_W * t * s * (1 - s)};
+}
+
+// y = x W:  dx = dy W^T,  dW = x^T dy.
+variable_list nac_backward_composite(const Tensor& grad_y, const Tensor& x, const Tensor& W_hat,
+                                     const Tensor& M_hat, bool need_x) {
+  const Tensor W = nac_weight_composite(W_hat, M_hat);
+  auto [gw, gm] = nac_weight_backward_composite(layer_weight_grad(x, grad_y, W), W_hat, M_hat);
+  return {need_x ? layer_matmul(grad_y, W.transpose(-1, -2)) : Tensor(), gw, gm};
+}
+
+// y = exp(u), u = lx W:  du = dy y,  dW = lx^T du,  dx = (du W^T) s(x).
+variable_list nac_mul_backward_composite(const Tensor& grad_y, const Tensor& x, const Tensor& W_hat,
+                                         const Tensor& M_hat, double eps, bool need_x) {
+  const Tensor W = nac_weight_composite(W_hat, M_hat);
+  const Tensor lx = at::log(at::abs(x) + eps);
+  const Tensor du = grad_y * at::exp(layer_matmul(lx, W));
+  auto [gw, gm] = nac_weight_backward_composite(layer_weight_grad(lx, du, W), W_hat, M_hat);
+  Tensor gx;
+  if (need_x) gx = layer_matmul(du, W.transpose(-1, -2)) * log_abs_derivative(x, eps);
+  return {gx, gw, gm};
+}
+
+// y = g a + (1 - g) m (PAPER.md section 1): da = g dy, du = (1 - g) dy m, dz = (a - m) dy g (1 - g);
+// dW = x^T da (+ lx^T du when tied), dW_m = lx^T du, dG = x^T dz (input gate) or the batch sum of dz;
+// dx = da W^T + dz G^T (input gate) + (du W_m^T) s(x).
+// Returns (dx, dW_hat, dM_hat, dW_hat_m, dM_hat_m, dG); dW_hat_m, dM_hat_m undefined when tied.
+variable_list nalu_backward_composite(const Tensor& grad_y, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
+                                      const OptTensor& W_hat_m, const OptTensor& M_hat_m, const Tensor& G,
+                                      double eps, bool input_gate, bool need_x) {
+  const bool separate = W_hat_m.has_value();
+  const bool ensemble = W_hat.dim() == 3;
+  const Tensor W = nac_weight_composite(W_hat, M_hat);
+  const Tensor W_m = separate ? nac_weight_composite(*W_hat_m, *M_hat_m) : W;
+  const Tensor lx = at::log(at::abs(x) + eps);
+  const Tensor a = layer_matmul(x, W);
+  const Tensor m = at::exp(layer_matmul(lx, W_m));
+  Tensor g;
+  if (input_gate) {
+    g = at::sigmoid(layer_matmul(x, G));
+  } else {
+    g = at::sigmoid(G);
+    if (ensemble) {  // (E, O) -> (E, 1, ..., 1, O) against y of shape (E, ..., O)
+      std::vector<int64_t> shape(x.dim(), 1);
+      shape.front() = G.size(0);
+      shape.back() = G.size(-1);
+      g = g.reshape(shape);
+    }
+  }
+  const Tensor da = g * grad_y;
+  const Tensor du = (1 - g) * grad_y * m;
+  const Tensor dz = (a - m) * grad_y * g * (1 - g);
+  Tensor dW = layer_weight_grad(x, da, W);
+  const Tensor dW_m = layer_weight_grad(lx, du, W_m);
+  Tensor dG;
+  if (input_gate) {
+    dG = layer_weight_grad(x, dz, G);
+  } else {
+    const int64_t rows = batch_rows(x, ensemble), O = G.size(-1);
+    dG = ensemble ? dz.reshape({G.size(0), rows, O}).sum(1) : dz.reshape({rows, O}).sum(0);
+  }
+  Tensor gw, gm, gwm, gmm;
+  if (separate) {
+    std::tie(gwm, gmm) = nac_weight_backward_composite(dW_m, *W_hat_m, *M_hat_m);
+  } else {
+    dW = dW + dW_m;
+  }
+  std::tie(gw, gm) = nac_weight_backward_composite(dW, W_hat, M_hat);
+  Tensor gx;
+  if (need_x) {
+    gx = layer_matmul(da, W.transpose(-1, -2)) + layer_matmul(du, W_m.transpose(-1, -2)) * log_abs_derivative(x, eps);
+    if (input_gate) gx = gx + layer_matmul(dz, G.transpose(-1, -2));
+  }
+  return {gx, gw, gm, gwm, gmm, dG};
+}
+
+class NacWeightFunction : public torch::autograd::Function<NacWeightFunction> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& W_hat, const Tensor& M_hat) {
+    static auto op = find_op<Tensor(const Tensor&, const Tensor&)>("nalu_cuda::nac_weight");
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->save_for_backward({W_hat, M_hat});
+    return op.call(W_hat, M_hat);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static auto op = find_op<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&)>(
+        "nalu_cuda::nac_weight_backward");
+    auto saved = ctx->get_saved_variables();
+    auto [gw, gm] = at::GradMode::is_enabled() ? nac_weight_backward_composite(grads[0], saved[0], saved[1])
+                                               : op.call(grads[0], saved[0], saved[1]);
+    return {gw, gm};
+  }
+};
+
+class NacFunction : public torch::autograd::Function<NacFunction> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat) {
+    static auto op = find_op<Tensor(const Tensor&, const Tensor&, const Tensor&)>("nalu_cuda::nac_forward");
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->save_for_backward({x, W_hat, M_hat});
+    return op.call(x, W_hat, M_hat);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static auto op = find_op<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                                const Tensor&, bool)>("nalu_cuda::nac_backward");
+    auto s = ctx->get_saved_variables();
+    const bool need_x = ctx->needs_input_grad(0);
+    if (at::GradMode::is_enabled()) return nac_backward_composite(grads[0], s[0], s[1], s[2], need_x);
+    auto [gx, gw, gm] = op.call(grads[0], s[0], s[1], s[2], need_x);
+    return {need_x ? gx : Tensor(), gw, gm};
+  }
+};
+
+class NacMulFunction : public torch::autograd::Function<NacMulFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
+                               double eps) {
+    static auto op = find_op<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double)>(
+        "nalu_cuda::nac_mul_forward");
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, lx] = op.call(x, W_hat, M_hat, eps);
+    ctx->save_for_backward({x, W_hat, M_hat, y, lx});
+    ctx->saved_data["eps"] = eps;
+    ctx->mark_non_differentiable({lx});
+    ctx->set_materialize_grads(false);  // no zero-filled gradients for lx
+    return {y, lx};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static auto op = find_op<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                                const Tensor&, const Tensor&, const Tensor&,
+                                                                double, bool)>("nalu_cuda::nac_mul_backward");
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
+    auto s = ctx->get_saved_variables();
+    const bool need_x = ctx->needs_input_grad(0);
+    const double eps = ctx->saved_data["eps"].toDouble();
+    if (at::GradMode::is_enabled()) {
+      auto r = nac_mul_backward_composite(grads[0], s[0], s[1], s[2], eps, need_x);
+      r.emplace_back();
+      return r;
+    }
+    auto [gx, gw, gm] = op.call(grads[0], s[0], s[1], s[2], s[3], s[4], eps, need_x);
+    return {need_x ? gx : Tensor(), gw, gm, Tensor()};
+  }
+};
+
+class NaluFunction : public torch::autograd::Function<NaluFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
+                               const OptTensor& W_hat_m, const OptTensor& M_hat_m, const Tensor& G, double eps,
+                               bool input_gate) {
+    static auto op =
+        find_op<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                                   const OptTensor&, const OptTensor&, const Tensor&,
+                                                                   double, bool)>("nalu_cuda::nalu_forward");
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, a, m, g, lx] = op.call(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate);
+    ctx->save_for_backward({x, W_hat, M_hat, or_undefined(W_hat_m), or_undefined(M_hat_m), G, a, m, g, lx});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["input_gate"] = input_gate;
+    ctx->saved_data["separate"] = W_hat_m.has_value();
+    ctx->mark_non_differentiable({a, m, g, lx});
+    ctx->set_materialize_grads(false);  // no zero-filled gradients for a, m, g, lx
+    return {y, a, m, g, lx};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static auto op = find_op<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>(
+        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
+        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, bool, bool)>(
+        "nalu_cuda::nalu_backward");
+    if (!grads[0].defined()) return variable_list(8);
+    auto s = ctx->get_saved_variables();
+    const bool separate = ctx->saved_data["separate"].toBool();
+    const OptTensor W_hat_m = separate ? OptTensor(s[3]) : c10::nullopt;
+    const OptTensor M_hat_m = separate ? OptTensor(s[4]) : c10::nullopt;
+    const bool need_x = ctx->needs_input_grad(0);
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const bool input_gate = ctx->saved_data["input_gate"].toBool();
+    if (at::GradMode::is_enabled()) {
+      auto r = nalu_backward_composite(grads[0], s[0], s[1], s[2], W_hat_m, M_hat_m, s[5], eps, input_gate, need_x);
+      r.resize(8);
+      return r;
+    }
+    auto [gx, gw, gm, gwm, gmm, gG] = op.call(grads[0], s[0], s[1], s[2], W_hat_m, M_hat_m, s[5], s[6], s[7], s[8],
+                                              s[9], eps, input_gate, need_x);
+    return {need_x ? gx : Tensor(),
+            gw,
+            gm,
+            separate ? gwm : Tensor(),
+            separate ? gmm : Tensor(),
+            gG,
+            Tensor(),
+            Tensor()};
+  }
+};
+
+Tensor nac_weight_autograd(const Tensor& W_hat, const Tensor& M_hat) {
+  return NacWeightFunction::apply(W_hat, M_hat);
+}
+
+Tensor nac_forward_autograd(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat) {
+  return NacFunction::apply(x, W_hat, M_hat);
+}
+
+std::tuple<Tensor, Tensor> nac_mul_forward_autograd(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
+                                                    double eps) {
+  auto r = NacMulFunction::apply(x, W_hat, M_hat, eps);
+  return {r[0], r[1]};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> nalu_forward_autograd(const Tensor& x, const Tensor& W_hat,
+                                                                         const Tensor& M_hat, const OptTensor& W_hat_m,
+                                                                         const OptTensor& M_hat_m, const Tensor& G,
+                                                                         double eps, bool input_gate) {
+  auto r = NaluFunction::apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate);
+  return {r[0], r[1], r[2], r[3], r[4]};
+}
+
+}  // namespace
+
+// The family's Autograd registration (every family registers its own: csrc/common/registration.h).
+TORCH_LIBRARY_IMPL(nalu_cuda, Autograd, m) {
+  m.impl("nac_weight", &nac_weight_autograd);
+  m.impl("nac_forward", &nac_forward_autograd);
+  m.impl("nac_mul_forward", &nac_mul_forward_autograd);
+  m.impl("nalu_forward", &nalu_forward_autograd);
+}
+
+}  // namespace nalu_cuda

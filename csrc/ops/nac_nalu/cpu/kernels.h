@@ -1,0 +1,29 @@
+// kernels.h: the NAC/NALU CPU kernels' interface, declared once per instruction set (they are
+// defined in kernels_impl.h and its parts, compiled per instruction set by
+// csrc/common/cpu/kernels_*.cpp). Arguments are checked by the caller (nac_nalu_cpu.cpp).
+#pragma once
+
+#include "common/cpu/isa.h"
+#include "ops/nac_nalu/blas_path.h"
+#include "ops/nac_nalu/checks.h"
+#include "ops/nac_nalu/math.h"
+
+namespace nalu_cuda {
+namespace cpu {
+
+#define NAC_NALU_CPU_DECLARE_KERNELS(ISA)                                                          \
+  namespace ISA {                                                                                 \
+  Forward layer_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& x,          \
+                        const LayerParams& p, double eps);                                        \
+  Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Tensor& grad_y,   \
+                          const at::Tensor& x, const LayerParams& p, const Forward& saved,        \
+                          double eps, bool compute_grad_x);                                       \
+  at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat);                            \
+  std::tuple<at::Tensor, at::Tensor> weight_backward(const at::Tensor& grad_W, const at::Tensor& W_hat, \
+                                                     const at::Tensor& M_hat);                     \
+  }
+NALU_CPU_FOR_EACH_ISA(NAC_NALU_CPU_DECLARE_KERNELS)
+#undef NAC_NALU_CPU_DECLARE_KERNELS
+
+}  // namespace cpu
+}  // namespace nalu_cuda

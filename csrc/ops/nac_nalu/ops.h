@@ -1,0 +1,153 @@
+// ops.h: the NAC/NALU ops' entry points, written once for every device: one C++ signature
+// per op (matching its schema in the families' schema.cpp (csrc/ops/*/schema.cpp)), the shared argument checks, and the
+// registration of the eight kernels under a device's dispatch key.
+//
+// A device (csrc/ops/nac_nalu/cpu/nac_nalu_cpu.cpp, csrc/ops/nac_nalu/cuda/nac_nalu_cuda.cpp) supplies a struct `Dev` with
+//   static void check_input(const char* op, const char* name, const at::Tensor& t);
+//       what only that device requires of the argument the op runs on (its device, its dtypes)
+//   static Forward forward(const LayerKind&, const LayerShape&, const at::Tensor& x,
+//                          const LayerParams&, double eps);
+//   static Backward backward(const LayerKind&, const LayerShape&, const at::Tensor& grad_y,
+//                            const at::Tensor& x, const LayerParams&, const Forward& saved,
+//                            double eps, bool compute_grad_x);
+//   static at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat);
+//   static std::tuple<at::Tensor, at::Tensor> weight_backward(const at::Tensor& grad_W,
+//                                                            const at::Tensor& W_hat, const at::Tensor& M_hat);
+// all called with checked arguments (the parameters contiguous and owned by the LayerParams for the
+// whole call), and registers the ops with `LayerOps<Dev>::register_kernels(m)` in its
+// TORCH_LIBRARY_IMPL. So adding an argument to an op touches its schema, its signature here, the
+// devices' kernels and the Python wrapper (nalu_cuda/_ops.py), not one copy per device.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "ops/nac_nalu/checks.h"
+
+namespace nalu_cuda {
+
+template <class Dev>
+struct LayerOps {
+  using Tensor = at::Tensor;
+  using OptTensor = c10::optional<at::Tensor>;
+  using Tensor2 = std::tuple<Tensor, Tensor>;
+  using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
+  using Tensor5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+  using Tensor6 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+
+  // ---------------------------------------------------------------------------------------------
+  // The ops (schemas: the families' schema.cpp (csrc/ops/*/schema.cpp))
+  // ---------------------------------------------------------------------------------------------
+
+  static Tensor nac_weight(const Tensor& W_hat, const Tensor& M_hat) {
+    const char* op = "nalu_cuda::nac_weight";
+    check_weight_pair(op, W_hat, M_hat, "W_hat", "M_hat", /*layer_shape=*/false);
+    Dev::check_input(op, "W_hat", W_hat);
+    return Dev::weight(W_hat.contiguous(), M_hat.contiguous());
+  }
+
+  static Tensor2 nac_weight_backward(const Tensor& grad_W, const Tensor& W_hat, const Tensor& M_hat) {
+    const char* op = "nalu_cuda::nac_weight_backward";
+    check_weight_pair(op, W_hat, M_hat, "W_hat", "M_hat", /*layer_shape=*/false);
+    Dev::check_input(op, "W_hat", W_hat);
+    check_like(op, "grad_W", grad_W, W_hat.sizes(), W_hat);
+    return Dev::weight_backward(grad_W.contiguous(), W_hat.contiguous(), M_hat.contiguous());
+  }
+
+  static Tensor nac_forward(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat) {
+    return forward("nalu_cuda::nac_forward", kNacAdd, x, params(W_hat, M_hat), 0.0).y;
+  }
+
+  static Tensor3 nac_backward(const Tensor& grad_y, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
+                              bool compute_grad_x) {
+    const Backward g = backward("nalu_cuda::nac_backward", kNacAdd, grad_y, x, params(W_hat, M_hat), Forward{}, 0.0,
+                                compute_grad_x);
+    return {g.grad_x, g.grad_W_hat, g.grad_M_hat};
+  }
+
+  static Tensor2 nac_mul_forward(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, double eps) {
+    const Forward f = forward("nalu_cuda::nac_mul_forward", kNacMul, x, params(W_hat, M_hat), eps);
+    return {f.y, f.lx};
+  }
+
+  static Tensor3 nac_mul_backward(const Tensor& grad_y, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
+                                  const Tensor& y, const Tensor& lx, double eps, bool compute_grad_x) {
+    Forward saved;
+    saved.m = y;  // NAC*'s y is its multiplicative path
+    saved.lx = lx;
+    const Backward g = backward("nalu_cuda::nac_mul_backward", kNacMul, grad_y, x, params(W_hat, M_hat), saved, eps,
+                                compute_grad_x);
+    return {g.grad_x, g.grad_W_hat, g.grad_M_hat};
+  }
+
+  static Tensor5 nalu_forward(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m,
+                              const OptTensor& M_hat_m, const Tensor& G, double eps, bool input_gate) {
+    const Forward f = forward("nalu_cuda::nalu_forward", nalu_kind(W_hat_m, M_hat_m, input_gate), x,
+                              params(W_hat, M_hat, W_hat_m, M_hat_m, G), eps);
+    return {f.y, f.a, f.m, f.g, f.lx};
+  }
+
+  static Tensor6 nalu_backward(const Tensor& grad_y, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
+                               const OptTensor& W_hat_m, const OptTensor& M_hat_m, const Tensor& G, const Tensor& a,
+                               const Tensor& m, const Tensor& g, const Tensor& lx, double eps, bool input_gate,
+                               bool compute_grad_x) {
+    const Forward saved{Tensor(), a, m, g, lx};
+    const Backward r = backward("nalu_cuda::nalu_backward", nalu_kind(W_hat_m, M_hat_m, input_gate), grad_y, x,
+                                params(W_hat, M_hat, W_hat_m, M_hat_m, G), saved, eps, compute_grad_x);
+    return {r.grad_x, r.grad_W_hat, r.grad_M_hat, r.grad_W_hat_m, r.grad_M_hat_m, r.grad_G};
+  }
+
+  static void register_kernels(torch::Library& m) {
+    m.impl("nac_weight", &nac_weight);
+    m.impl("nac_weight_backward", &nac_weight_backward);
+    m.impl("nac_forward", &nac_forward);
+    m.impl("nac_backward", &nac_backward);
+    m.impl("nac_mul_forward", &nac_mul_forward);
+    m.impl("nac_mul_backward", &nac_mul_backward);
+    m.impl("nalu_forward", &nalu_forward);
+    m.impl("nalu_backward", &nalu_backward);
+  }
+
+ private:
+  // The parameters of one call, each made contiguous here, once, and owned by the LayerParams for
+  // the whole call: kernels read them through raw pointers, which must never point into a
+  // temporary copy (a `t.contiguous().data_ptr()` of a non-contiguous `t` dangles at the `;`).
+  static LayerParams params(const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m = c10::nullopt,
+                            const OptTensor& M_hat_m = c10::nullopt, const Tensor& G = Tensor()) {
+    auto own = [](const Tensor& t) { return t.defined() ? t.contiguous() : t; };
+    LayerParams p;
+    p.W_hat = own(W_hat);
+    p.M_hat = own(M_hat);
+    if (W_hat_m.has_value()) p.W_hat_m = own(*W_hat_m);
+    if (M_hat_m.has_value()) p.M_hat_m = own(*M_hat_m);
+    p.G = own(G);
+    return p;
+  }
+
+  static Forward forward(const char* op, const LayerKind& kind, const Tensor& x, const LayerParams& p, double eps) {
+    const LayerShape s = check_layer(op, kind, x, p, eps);
+    Dev::check_input(op, "x", x);
+    return Dev::forward(kind, s, x, p, eps);
+  }
+
+  // Gradients that were not asked for (grad_x when compute_grad_x is false, the separate weights'
+  // when tied) come back as the (0,)-shaped tensors of the schema.
+  static Backward backward(const char* op, const LayerKind& kind, const Tensor& grad_y, const Tensor& x,
+                           const LayerParams& p, const Forward& saved, double eps, bool compute_grad_x) {
+    const LayerShape s = check_layer(op, kind, x, p, eps);
+    Dev::check_input(op, "x", x);
+    check_saved(op, kind, s, x, p.G, grad_y, saved.a, saved.m, saved.g, saved.lx);
+    Backward r = Dev::backward(kind, s, grad_y, x, p, saved, eps, compute_grad_x);
+    if (!r.grad_x.defined()) r.grad_x = empty_grad(x);
+    if (kind.nalu() && kind.tied) {
+      r.grad_W_hat_m = empty_grad(x);
+      r.grad_M_hat_m = empty_grad(x);
+    }
+    return r;
+  }
+};
+
+}  // namespace nalu_cuda

@@ -1,0 +1,44 @@
+// math.h: the scalar math of the product units, shared by the CPU and CUDA kernels.
+//
+// A product unit reduces I factors per output by multiplication:
+//   z[b, o] = prod_i f(W[i, o], x[b, i])
+// NMU (Madsen & Johansen):  f = W x + 1 - W,   df/dx = W,   df/dW = x - 1
+// Its gradients need, for every input i, the product of the other factors (the "exclusive
+// product") E_i = prod_{k != i} f_k:
+//   dz/dx_i = E_i df/dx(i),  dz/dW_i = E_i df/dW(i)
+// E_i is built from an exclusive prefix product (k < i) and an exclusive suffix product (k > i),
+// never as z / f_i, which is 0 / 0 when a factor is zero and inexact when one is tiny.
+//
+// The same pattern serves every unit of this family: iNALU's sign-recovery product
+// msv = prod_i (sign(x_i) |W_m[i, o]| + 1 - |W_m[i, o]|) is an NMU product of sign(x) and |W_m|,
+// and NRU/NMRU are products of other factor maps. A new unit needs only its factor and derivative
+// functions here; `exclusive_products` in csrc/ops/nau_nmu/cpu/nmu_kernels.h (host, vectorised over rows,
+// compiled per instruction set with the kernels that call it) and `warp_exclusive_products` in
+// csrc/ops/nau_nmu/cuda/nau_nmu_kernels.cu (device: one warp per product, exact for zero factors, in a fixed
+// order) are written against a factor functor and a visitor and can be reused as they are.
+#pragma once
+
+#include "ops/nac_nalu/math.h"  // NALU_HD
+
+namespace nalu_cuda {
+namespace math {
+
+// NMU factor f = W x + 1 - W (W = 0 gives the identity factor 1, W = 1 gives x).
+template <typename A>
+NALU_HD A nmu_factor(A w, A x) {
+  return w * x + (A(1) - w);
+}
+// df/dx = W
+template <typename A>
+NALU_HD A nmu_dfactor_dx(A w, A /*x*/) {
+  return w;
+}
+// df/dW = x - 1
+template <typename A>
+NALU_HD A nmu_dfactor_dw(A /*w*/, A x) {
+  return x - A(1);
+}
+
+
+}  // namespace math
+}  // namespace nalu_cuda
