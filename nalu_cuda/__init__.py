@@ -8,11 +8,14 @@ PyTorch, with fused CPU and CUDA kernels registered as torch custom ops.
 Modules: :class:`NAC`, :class:`NACMul`, :class:`NALU`; Madsen & Johansen's :class:`NAU`, :class:`NMU`
 (with :func:`project_after_step` and :mod:`nalu_cuda.regularizers`); the power units :class:`NPU`,
 :class:`RealNPU` and :class:`INALU`. Functions: :mod:`nalu_cuda.functional` (the fused ops) and
-:mod:`nalu_cuda.reference` (the pure-PyTorch specification). Initialisation presets:
+:mod:`nalu_cuda.reference` (the pure-PyTorch specification); the ops' fakes, flop formulas and
+wrappers, one module per unit family: :mod:`nalu_cuda.ops`. Initialisation presets:
 :mod:`nalu_cuda.init_presets`; other codebases' checkpoints and units: :mod:`nalu_cuda.compat`.
 """
-from . import _ops, functional, init_presets, reference, regularizers
-from .modules import BACKENDS, INALU, NAC, NALU, NAU, NMU, NPU, NACMul, RealNPU, project_after_step
+from . import _ops, functional, init_presets, ops, reference, regularizers
+from .layers_base import BACKENDS
+from .modules import NAC, NALU, NACMul
+from .unit_modules import INALU, NAU, NMU, NPU, RealNPU, project_after_step
 from . import compat  # noqa: E402  (needs the modules)
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""The units' regularisers and their schedules, as the published numbers were produced (UNITS.md).
+"""The units' regularisers and their schedules, as the published numbers were produced (docs/units.md).
 
 One module for every unit: Madsen & Johansen's sparsity regulariser (NAU, NMU) with its linear
 schedule and the sparsity error; the NPU's L1 penalty with its stepwise schedule; iNALU's
@@ -130,7 +130,7 @@ class StepwiseSchedule:
         return self.scale / self.growth ** (self.stages - 1 - k)
 
 
-# Madsen & Johansen's static task (UNITS.md): "NMU model" NAU -> NMU and "NAU model" NAU -> NAU;
+# Madsen & Johansen's static task (docs/units.md): "NMU model" NAU -> NMU and "NAU model" NAU -> NAU;
 # the NPU scripts' L1 weight (1e-4, x10 every 1e4 steps, up to 1e-2).
 PUBLISHED_SCHEDULES: Dict[str, Union[RegularizerSchedule, StepwiseSchedule]] = {
     "nmu": RegularizerSchedule(scale=10.0, start=1e6, end=2e6),

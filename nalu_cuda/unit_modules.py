@@ -2,8 +2,9 @@
 and :class:`INALU`, and Madsen & Johansen's :class:`NAU` and :class:`NMU` with
 :func:`project_after_step`.
 
-They share :class:`nalu_cuda.modules._ArithmeticLayer` (shapes, ensembles, ``backend``, generators)
-with NAC, NACMul and NALU, and are re-exported from :mod:`nalu_cuda.modules` and :mod:`nalu_cuda`.
+They share :class:`nalu_cuda.layers_base._ArithmeticLayer` (shapes, ensembles, ``backend``,
+generators) with NAC, NACMul and NALU, and are re-exported from :mod:`nalu_cuda.modules` and
+:mod:`nalu_cuda`. This module imports the base, not :mod:`nalu_cuda.modules` (which imports it).
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import _ops, functional, init_presets, reference
-from .modules import Generators, _ArithmeticLayer, _check_scalar
+from . import functional, init_presets, reference
+from .layers_base import Generators, _ArithmeticLayer, _check_scalar
+from .ops.power import POWER_KERNEL_DTYPES
 from .reference import DEFAULT_EPS
 
 __all__ = ["NPU", "RealNPU", "INALU", "NAU", "NMU", "project_after_step"]
@@ -29,7 +31,7 @@ __all__ = ["NPU", "RealNPU", "INALU", "NAU", "NMU", "project_after_step"]
 class _PowerLayer(_ArithmeticLayer):
     """What NPU, RealNPU and INALU share: the fused path where their kernels exist."""
 
-    _kernel_dtypes = _ops.POWER_KERNEL_DTYPES
+    _kernel_dtypes = POWER_KERNEL_DTYPES
 
     def _check_scalar(self, name: str, value, positive: bool = True, dtype=None) -> float:
         return _check_scalar(type(self).__name__, name, value, positive, dtype or torch.get_default_dtype())

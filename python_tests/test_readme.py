@@ -24,6 +24,8 @@ from torch import nn
 
 from nalu_cuda import cli
 
+from .test_compat import _ExtendedTorchModule  # stable-nalu's base class, re-implemented once
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 MARKER = re.compile(r"<!--\s*readme-test:\s*needs\s+(\S+)\s*-->")
 
@@ -136,40 +138,6 @@ def _kevinzakka(tmp_path, monkeypatch):
     theirs = models.NALU(2, 2, 2, 1).double()
     torch.save(theirs, tmp_path / "nalu.pt")
     return theirs
-
-
-class _ExtendedTorchModule(nn.Module):
-    """stable-nalu's ExtendedTorchModule, what the README's example uses of it: the name and
-    ``writer=`` arguments and the recursions over children of its class."""
-
-    def __init__(self, default_name, *args, writer=None, name=None, **kwargs):
-        super().__init__()
-        self.writer = writer
-        self.allow_random = True
-
-    def regualizer(self, merge_in=None):
-        out = dict(merge_in or {})
-        for module in self.children():
-            if isinstance(module, _ExtendedTorchModule):
-                for k, v in module.regualizer().items():
-                    out[k] = out.get(k, 0) + v
-        return out
-
-    def optimize(self, loss):
-        for module in self.children():
-            if isinstance(module, _ExtendedTorchModule):
-                module.optimize(loss)
-
-    def log_gradients(self):
-        for module in self.children():
-            if isinstance(module, _ExtendedTorchModule):
-                module.log_gradients()
-
-    def _set_random(self, flag):
-        self.allow_random = flag
-        for module in self.children():
-            if isinstance(module, _ExtendedTorchModule):
-                module._set_random(flag)
 
 
 class _SnNAC(nn.Module):

@@ -94,7 +94,7 @@ variable_list nac_mul_backward_composite(const Tensor& grad_y, const Tensor& x, 
   return {gx, gw, gm};
 }
 
-// y = g a + (1 - g) m (PAPER.md section 1): da = g dy, du = (1 - g) dy m, dz = (a - m) dy g (1 - g);
+// y = g a + (1 - g) m (docs/units.md): da = g dy, du = (1 - g) dy m, dz = (a - m) dy g (1 - g);
 // dW = x^T da (+ lx^T du when tied), dW_m = lx^T du, dG = x^T dz (input gate) or the batch sum of dz;
 // dx = da W^T + dz G^T (input gate) + (du W_m^T) s(x).
 // Returns (dx, dW_hat, dM_hat, dW_hat_m, dM_hat_m, dG); dW_hat_m, dM_hat_m undefined when tied.

@@ -1,5 +1,5 @@
 // autograd.cpp: autograd of the NAU and NMU forward ops (Autograd dispatch key, every
-// device), as csrc/autograd.cpp does for NAC/NALU: the backward is one call of the matching
+// device), as csrc/ops/nac_nalu/autograd.cpp does for NAC/NALU: the backward is one call of the matching
 // *_backward op through the dispatcher. Saved: x and W (the NMU backward recomputes its factors).
 //
 // Double backward (create_graph=True): the backward then runs as differentiable ATen ops instead

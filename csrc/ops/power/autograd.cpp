@@ -1,5 +1,5 @@
 // autograd.cpp: autograd for the forward ops of the NPU / RealNPU and iNALU (Autograd
-// dispatch key, every device), as csrc/autograd.cpp does for NAC and NALU: each forward op is a
+// dispatch key, every device), as csrc/ops/nac_nalu/autograd.cpp does for NAC and NALU: each forward op is a
 // torch::autograd::Function whose backward is one call of the matching *_backward op through the
 // dispatcher. Saved: the inputs and the forward's extra results (NPU: s and lr; iNALU: a, u, msv,
 // lx), which are marked non-differentiable.

@@ -1,0 +1,347 @@
+"""The NAC/NALU family (``csrc/ops/nac_nalu/``): NAC+, NAC* and the NALU, in one place.
+
+* the fakes (``torch.library.register_fake``: shapes only, so ``torch.compile`` traces the ops
+  without running them), with the checks and messages of ``csrc/ops/nac_nalu/checks.cpp``;
+* the flop-counter formulas (``torch.utils.flop_counter``) of its ops;
+* the thin wrappers, the fused ops as differentiable functions with the signatures of
+  :mod:`nalu_cuda.reference` (:func:`nac_weight`, :func:`nac`, :func:`nac_mul`, :func:`nalu`,
+  :func:`nalu_parts`), which :mod:`nalu_cuda.functional` re-exports.
+
+Its shape checks (``_nac_out_shape``, ``_nalu_out_shape``) are iNALU's too (:mod:`.power`), as
+``csrc/ops/power/`` includes ``csrc/ops/nac_nalu/checks.h``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import reference
+from ..reference import DEFAULT_EPS, GATES, _check_gate_bias, _matmul
+from . import _common
+from ._common import (_check_float, _check_match, _check_pair, _check_scalar, _check_x_matches, _fail, _fast,
+                      _grad_or_empty, _like, _matmul_flops, _ops_or_raise)
+
+# ------------------------------------------------------------------------------------------------
+# Fakes: the same checks and messages as csrc/ops/nac_nalu/checks.cpp, on metadata only.
+# ------------------------------------------------------------------------------------------------
+
+
+def _nac_out_shape(op: str, x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: Optional[float] = None) -> list:
+    """The checks of ``x`` and the weight pair of a NAC layer (and of ``eps`` when given); returns y's shape."""
+    _check_float(op, "x", x)
+    _check_pair(op, W_hat, M_hat)
+    _check_match(op, "W_hat", W_hat, "x", x)
+    _, O = _check_x_matches(op, x, W_hat, "W_hat")
+    if eps is not None:
+        _check_scalar(op, "eps", eps, x.dtype)
+    return list(x.shape[:-1]) + [O]
+
+
+def _nalu_out_shape(op: str, x: Tensor, W_hat: Tensor, M_hat: Tensor, W_hat_m: Optional[Tensor],
+                    M_hat_m: Optional[Tensor], G: Optional[Tensor], input_gate: bool, eps: float) -> list:
+    """The NAC checks, then the separate weights of the multiplicative path, the gate and eps."""
+    shape = _nac_out_shape(op, x, W_hat, M_hat)
+    if (W_hat_m is None) != (M_hat_m is None):
+        _fail(op, "separate multiplicative weights need both 'W_hat_m' and 'M_hat_m'")
+    if W_hat_m is not None:
+        _check_pair(op, W_hat_m, M_hat_m, "W_hat_m", "M_hat_m")
+        if W_hat_m.shape != W_hat.shape:
+            _fail(op, f"argument 'W_hat_m' must have the shape of 'W_hat' {list(W_hat.shape)}, "
+                      f"got {list(W_hat_m.shape)}")
+        _check_match(op, "W_hat_m", W_hat_m, "x", x)
+    if G is not None:
+        _check_float(op, "G", G)
+        _check_match(op, "G", G, "x", x)
+        if input_gate and G.shape != W_hat.shape:
+            _fail(op, f"argument 'G' of an input-dependent gate must have the shape of 'W_hat' "
+                      f"{list(W_hat.shape)}, got {list(G.shape)}")
+        want = list(W_hat.shape[:-2]) + [W_hat.shape[-1]]
+        if not input_gate and list(G.shape) != want:
+            _fail(op, f"argument 'G' of an input-independent gate must have shape {want}, got {list(G.shape)}")
+    _check_scalar(op, "eps", eps, x.dtype)
+    return shape
+
+
+def _register_fakes() -> None:
+    reg = torch.library.register_fake
+
+    @reg("nalu_cuda::nac_weight")
+    def _(W_hat, M_hat):
+        _check_pair("nac_weight", W_hat, M_hat, layer_shape=False)
+        return _like(W_hat)
+
+    @reg("nalu_cuda::nac_weight_backward")
+    def _(grad_W, W_hat, M_hat):
+        _check_pair("nac_weight_backward", W_hat, M_hat, layer_shape=False)
+        return _like(W_hat), _like(M_hat)
+
+    @reg("nalu_cuda::nac_forward")
+    def _(x, W_hat, M_hat):
+        return x.new_empty(_nac_out_shape("nac_forward", x, W_hat, M_hat))
+
+    @reg("nalu_cuda::nac_backward")
+    def _(grad_y, x, W_hat, M_hat, compute_grad_x):
+        _nac_out_shape("nac_backward", x, W_hat, M_hat)
+        return _grad_or_empty(compute_grad_x, x, x), _like(W_hat), _like(M_hat)
+
+    @reg("nalu_cuda::nac_mul_forward")
+    def _(x, W_hat, M_hat, eps):
+        return x.new_empty(_nac_out_shape("nac_mul_forward", x, W_hat, M_hat, eps)), _like(x)
+
+    @reg("nalu_cuda::nac_mul_backward")
+    def _(grad_y, x, W_hat, M_hat, y, lx, eps, compute_grad_x):
+        _nac_out_shape("nac_mul_backward", x, W_hat, M_hat, eps)
+        return _grad_or_empty(compute_grad_x, x, x), _like(W_hat), _like(M_hat)
+
+    @reg("nalu_cuda::nalu_forward")
+    def _(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate):
+        shape = _nalu_out_shape("nalu_forward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps)
+        g = x.new_empty(shape) if input_gate else _like(G)
+        return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape), g, _like(x)
+
+    @reg("nalu_cuda::nalu_backward")
+    def _(grad_y, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, eps, input_gate, compute_grad_x):
+        _nalu_out_shape("nalu_backward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps)
+        sep = W_hat_m is not None
+        return (
+            _grad_or_empty(compute_grad_x, x, x),
+            _like(W_hat),
+            _like(M_hat),
+            _grad_or_empty(sep, W_hat, x),
+            _grad_or_empty(sep, W_hat, x),
+            _like(G),
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# Flop counting: as FlopCounterMode counts the reference's matrix products (2 flops per multiply-add;
+# elementwise work counts 0 there, and here). Forward: one product per path (NAC: a = x W; NAC*:
+# lx W; NALU: a = x W, u = lx W_m and, for an input gate, z = x G). Backward: per product, the
+# weight gradient, and the input gradient when compute_grad_x.
+# ------------------------------------------------------------------------------------------------
+
+
+def _register_flop_formulas() -> None:
+    from torch.utils.flop_counter import register_flop_formula
+
+    ops = _common.ops
+    register_flop_formula([ops.nac_forward, ops.nac_mul_forward])(_common._one_product_flops)
+    register_flop_formula([ops.nac_backward, ops.nac_mul_backward])(_common._one_product_backward_flops)
+
+    @register_flop_formula(ops.nalu_forward)
+    def _(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, *args, out_shape=None, **kwargs):
+        return (3 if input_gate else 2) * _matmul_flops(x, W_hat)
+
+    @register_flop_formula(ops.nalu_backward)
+    def _(grad_y, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, eps, input_gate, compute_grad_x,
+          *args, out_shape=None, **kwargs):
+        products = 3 if input_gate else 2
+        return products * (2 if compute_grad_x else 1) * _matmul_flops(x, W_hat)
+
+
+if _common.ops is not None:
+    _register_fakes()
+    _register_flop_formulas()
+
+
+# ------------------------------------------------------------------------------------------------
+# Wrappers: each one call of the forward op (through nalu_cuda._C's direct bindings in eager mode,
+# torch.ops while compiling) and one call of its backward op in the backward pass.
+# ------------------------------------------------------------------------------------------------
+
+
+def nac_weight(W_hat: Tensor, M_hat: Tensor) -> Tensor:
+    """``W = tanh(W_hat) * sigmoid(M_hat)``."""
+    fast = _fast(W_hat)
+    if fast is not None:
+        return fast.nac_weight(W_hat, M_hat)
+    return _ops_or_raise().nac_weight(W_hat, M_hat)
+
+
+def nac(x: Tensor, W_hat: Tensor, M_hat: Tensor) -> Tensor:
+    """NAC+: ``y = x W``."""
+    fast = _fast(x)
+    if fast is not None:
+        return fast.nac(x, W_hat, M_hat)
+    return _ops_or_raise().nac_forward(x, W_hat, M_hat)
+
+
+def nac_mul(x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
+    """NAC*: ``y = exp(log(|x| + eps) W)``."""
+    fast = _fast(x)
+    if fast is not None:
+        return fast.nac_mul(x, W_hat, M_hat, eps)
+    y, _lx = _ops_or_raise().nac_mul_forward(x, W_hat, M_hat, eps)
+    return y
+
+
+def _with_gate_bias(x, W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias):
+    """The same layer on ``[x, 1]``: a zero row appended to the path weights (``tanh(0) = 0``, so
+    the ones column adds exactly 0 to ``a`` and to ``log(|x| + eps) W_m``) and ``G_bias`` appended
+    to ``G`` as its row, so that the fused op computes ``sigmoid(x G + G_bias)``. Gradients reach
+    the originals through the concatenations; the appended rows' own gradients are dropped."""
+    x1 = torch.cat([x, x.new_ones(x.shape[:-1] + (1,))], -1)
+
+    def zero_row(w):
+        return None if w is None else torch.cat([w, w.new_zeros(w.shape[:-2] + (1, w.shape[-1]))], -2)
+
+    return (x1, zero_row(W_hat), zero_row(M_hat), zero_row(W_hat_m), zero_row(M_hat_m),
+            torch.cat([G, G_bias.unsqueeze(-2)], -2))
+
+
+def nalu(
+    x: Tensor,
+    W_hat: Tensor,
+    M_hat: Tensor,
+    G: Tensor,
+    W_hat_m: Optional[Tensor] = None,
+    M_hat_m: Optional[Tensor] = None,
+    eps: float = DEFAULT_EPS,
+    gate: str = "input",
+    G_bias: Optional[Tensor] = None,
+) -> Tensor:
+    """NALU: ``y = g a + (1 - g) m``; see :func:`nalu_cuda.reference.nalu`.
+
+    With ``G_bias`` (input gate only) the fused op runs on ``[x, 1]`` (see ``_with_gate_bias``).
+    """
+    if gate not in GATES:
+        raise ValueError(f"nalu_cuda.functional.nalu: argument 'gate' must be one of {GATES}, got {gate!r}")
+    if G_bias is not None:
+        _check_gate_bias("functional.nalu", W_hat, G_bias, gate)
+        x, W_hat, M_hat, W_hat_m, M_hat_m, G = _with_gate_bias(x, W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias)
+    fast = _fast(x)
+    if fast is not None:
+        return fast.nalu(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
+    y, _a, _m, _g, _lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
+    return y
+
+
+def _matmul_vjp(x: Tensor, W: Tensor, dout: Tensor):
+    """For ``out = x W`` (plain or ensemble, as :func:`nalu_cuda.reference._matmul`): ``(dout W^T, x^T dout)``."""
+    dx = _matmul(dout, W.transpose(-1, -2))
+    if W.dim() == 2:
+        dW = x.reshape(-1, x.shape[-1]).t() @ dout.reshape(-1, dout.shape[-1])
+    else:
+        E = W.shape[0]
+        dW = torch.bmm(x.reshape(E, -1, x.shape[-1]).transpose(1, 2), dout.reshape(E, -1, dout.shape[-1]))
+    return dx, dW
+
+
+def _nac_weight_vjp(dW: Tensor, W_hat: Tensor, M_hat: Tensor):
+    """``(dW_hat, dM_hat)`` from ``dW`` through ``W = tanh(W_hat) sigmoid(M_hat)``."""
+    t, s = torch.tanh(W_hat), torch.sigmoid(M_hat)
+    return dW * (1 - t * t) * s, dW * t * s * (1 - s)
+
+
+class _NaluParts(torch.autograd.Function):
+    """The fused NALU op with ``a``, ``m``, ``g`` differentiable outputs.
+
+    Backward: the ``nalu_backward`` op for ``dL/dy``; the gradients that reach ``a``, ``m`` or ``g``
+    directly (a gate regulariser, a loss on a path) add, only when present:
+    ``da``: ``dx += da W^T``, ``dW += x^T da``;  ``dm``: ``du = dm m``, ``dx += (du W_m^T) sign(x) / (|x| + eps)``,
+    ``dW_m += lx^T du``;  ``dg``: ``dz = dg g (1 - g)``, ``dx += dz G^T``, ``dG += x^T dz`` (an
+    independent gate: ``dG += dz``). :func:`nalu`, which returns ``y`` only, never pays for this.
+    """
+
+    @staticmethod
+    def forward(ctx, x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate):
+        y, a, m, g, lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate)
+        ctx.save_for_backward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx)
+        ctx.eps, ctx.input_gate = eps, input_gate
+        ctx.set_materialize_grads(False)
+        return y, a, m, g
+
+    @staticmethod
+    def backward(ctx, dy, da, dm, dg):
+        x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph=True: the backward op has no autograd of its own, so differentiate the
+            # reference instead (a differentiable backward, never a disconnected graph).
+            return _NaluParts._differentiable_backward(ctx, (x, W_hat, M_hat, W_hat_m, M_hat_m, G),
+                                                      (dy, da, dm, dg))
+        sep = W_hat_m is not None
+        need_x = ctx.needs_input_grad[0]
+        if dy is None:
+            dy = torch.zeros_like(a)
+        gx, gw, gm, gwm, gmm, gG = _ops_or_raise().nalu_backward(
+            dy, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, ctx.eps, ctx.input_gate, need_x)
+        if da is not None or dm is not None or dg is not None:
+            dx = torch.zeros_like(x)
+            dW = torch.zeros_like(W_hat)
+            dWm = torch.zeros_like(W_hat) if sep else dW
+            if da is not None:
+                ddx, ddW = _matmul_vjp(x, reference.nac_weight(W_hat, M_hat), da)
+                dx, dW = dx + ddx, dW + ddW
+                if not sep:
+                    dWm = dW
+            if dm is not None:
+                W_m = reference.nac_weight(W_hat_m, M_hat_m) if sep else reference.nac_weight(W_hat, M_hat)
+                dlx, ddW = _matmul_vjp(lx, W_m, dm * m)
+                dx = dx + dlx * torch.sign(x) / (x.abs() + ctx.eps)
+                if sep:
+                    dWm = dWm + ddW
+                else:
+                    dW = dW + ddW
+            if dg is not None:
+                dz = dg * g * (1 - g)
+                if ctx.input_gate:
+                    ddx, ddG = _matmul_vjp(x, G, dz)
+                    dx, gG = dx + ddx, gG + ddG
+                else:
+                    gG = gG + dz
+            ew, em = _nac_weight_vjp(dW, W_hat, M_hat)
+            gw, gm = gw + ew, gm + em
+            if sep:
+                ew, em = _nac_weight_vjp(dWm, W_hat_m, M_hat_m)
+                gwm, gmm = gwm + ew, gmm + em
+            if need_x:
+                gx = gx + dx
+        return (gx if need_x else None, gw, gm, gwm if sep else None, gmm if sep else None, gG, None, None)
+
+    @staticmethod
+    def _differentiable_backward(ctx, inputs, grads):
+        x, W_hat, M_hat, W_hat_m, M_hat_m, G = inputs
+        gate = "input" if ctx.input_gate else "independent"
+        outs = reference.nalu_parts(x, W_hat, M_hat, G, W_hat_m, M_hat_m, ctx.eps, gate)
+        pairs = [(o, go) for o, go in zip(outs, grads) if go is not None]
+        wanted = [i for i, t in enumerate(inputs) if t is not None and ctx.needs_input_grad[i]]
+        got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted], [go for _, go in pairs],
+                                  create_graph=True, allow_unused=True)
+        result = [None] * len(inputs)
+        for i, gr in zip(wanted, got):
+            result[i] = gr
+        return (*result, None, None)
+
+
+def nalu_parts(
+    x: Tensor,
+    W_hat: Tensor,
+    M_hat: Tensor,
+    G: Tensor,
+    W_hat_m: Optional[Tensor] = None,
+    M_hat_m: Optional[Tensor] = None,
+    eps: float = DEFAULT_EPS,
+    gate: str = "input",
+    G_bias: Optional[Tensor] = None,
+):
+    """:func:`nalu` returning ``(y, a, m, g)`` from the one fused forward, all four differentiable
+    (see :func:`nalu_cuda.reference.nalu_parts`; ``g`` has ``G``'s shape for an independent gate)."""
+    if gate not in GATES:
+        raise ValueError(f"nalu_cuda.functional.nalu_parts: argument 'gate' must be one of {GATES}, got {gate!r}")
+    if G_bias is not None:
+        _check_gate_bias("functional.nalu_parts", W_hat, G_bias, gate)
+        x, W_hat, M_hat, W_hat_m, M_hat_m, G = _with_gate_bias(x, W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias)
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        # the ops' autocast policy (csrc/common/autocast.cpp): float16/bfloat16 arguments cast to float32
+        # once, the op run outside autocast; here before the Function, so that what it saves for
+        # backward has the dtype the ops ran in.
+        def f32(t):
+            return t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t
+
+        x, W_hat, M_hat, W_hat_m, M_hat_m, G = map(f32, (x, W_hat, M_hat, W_hat_m, M_hat_m, G))
+        with torch.autocast(dev, enabled=False):
+            return _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
+    return _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
