@@ -22,13 +22,25 @@ from __future__ import annotations
 
 import argparse
 import errno
-import math
+import json
 import os
 import shlex
 import sys
 import time
 from dataclasses import replace
-from typing import Any, Callable, List, Optional, Sequence
+from typing import List, Optional, Sequence
+
+import torch
+
+from . import __version__
+from .experiments import all_experiments, distributed, get, runner
+# The argument types: the experiments' plugin API, re-exported here (their home before).
+from .experiments.argtypes import (MAX_SEEDS, MAX_STEPS, at_most, comma_list, device,  # noqa: F401
+                                   directory, finite_float, non_negative_float, non_negative_int,
+                                   phase_step_count, positive_float, positive_int, seed_count, step_count,
+                                   thread_count)
+from .experiments.parts.mnist_data import mnist_directory  # noqa: F401  (re-exported)
+from .experiments.resources import check_memory
 
 # The budgets of ``reproduce`` (see nalu_cuda.experiments.registry.Experiment.profiles).
 PROFILES = ("quick", "standard", "paper")
@@ -36,144 +48,6 @@ PROFILES = ("quick", "standard", "paper")
 __all__ = ["main", "build_parser", "positive_int", "non_negative_int", "positive_float", "non_negative_float",
            "finite_float", "at_most", "seed_count", "step_count", "phase_step_count", "thread_count", "comma_list",
            "directory", "mnist_directory", "device", "MAX_SEEDS", "MAX_STEPS"]
-
-# Upper bounds of counts whose larger values only hang or exhaust the machine.
-MAX_SEEDS = 10 ** 6   # every seed is a member of one ensemble, trained at once
-MAX_STEPS = 10 ** 12  # a step takes at least a microsecond: 1e12 steps would run for over 11 days
-
-
-# ------------------------------------------------------------------------------------------------
-# Argument types, shared by every subcommand's options (the experiments' own options too): a value
-# that has no meaning is refused by argparse at start (exit 2, naming the option, the value and
-# what is allowed), never discovered after training.
-# ------------------------------------------------------------------------------------------------
-
-
-def _number(text: str, kind: type, allowed: str, ok: Callable[[float], bool]):
-    try:
-        v = kind(text)
-    except ValueError:
-        v = None
-    if v is None or not math.isfinite(v) or not ok(v):
-        raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
-    return v
-
-
-def positive_int(text: str) -> int:
-    """An integer >= 1 (sizes, counts, steps)."""
-    return _number(text, int, "an integer >= 1", lambda v: v >= 1)
-
-
-def non_negative_int(text: str) -> int:
-    """An integer >= 0 (seeds, optional phases that 0 switches off)."""
-    return _number(text, int, "an integer >= 0", lambda v: v >= 0)
-
-
-def positive_float(text: str) -> float:
-    """A finite number > 0 (learning rates, clipping norms)."""
-    return _number(text, float, "a finite number > 0", lambda v: v > 0)
-
-
-def non_negative_float(text: str) -> float:
-    """A finite number >= 0 (intervals in seconds)."""
-    return _number(text, float, "a finite number >= 0", lambda v: v >= 0)
-
-
-def finite_float(text: str) -> float:
-    """A finite number (ends of input ranges)."""
-    return _number(text, float, "a finite number", lambda v: True)
-
-
-def at_most(item: Callable[[str], int], high: int, why: str) -> Callable[[str], int]:
-    """``item`` (e.g. :func:`positive_int`) bounded above by ``high``, for the reason ``why``."""
-    def parse(text: str) -> int:
-        v = item(text)
-        if v > high:
-            raise argparse.ArgumentTypeError(f"expected at most {high} ({why}), got {text!r}")
-        return v
-
-    parse.__name__ = item.__name__
-    return parse
-
-
-_STEPS_WHY = "a step takes at least a microsecond: more would run for weeks"
-seed_count = at_most(positive_int, MAX_SEEDS, "every seed is a member of one ensemble, trained at once")
-step_count = at_most(positive_int, MAX_STEPS, _STEPS_WHY)
-phase_step_count = at_most(non_negative_int, MAX_STEPS, _STEPS_WHY)  # steps of an optional phase (0: none)
-
-
-def thread_count(text: str) -> int:
-    """An integer from 1 to the number of CPU cores (more threads only compete for the same cores)."""
-    cores = os.cpu_count() or 1
-    return at_most(positive_int, cores, "the CPU cores of this machine")(text)
-
-
-def comma_list(item: Callable[[str], Any]) -> Callable[[str], List[Any]]:
-    """A comma-separated, non-empty list whose items are each checked by ``item`` (one of the above)."""
-    def parse(text: str) -> List[Any]:
-        parts = [t.strip() for t in text.split(",")]
-        if not text.strip() or not all(parts):
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
-        try:
-            return [item(t) for t in parts]
-        except argparse.ArgumentTypeError as exc:
-            raise argparse.ArgumentTypeError(f"{exc} (in the list {text!r})") from None
-
-    parse.__name__ = f"comma-separated {item.__name__}"
-    return parse
-
-
-def directory(text: str) -> str:
-    """A directory path (not empty; whether it can be used is checked when the run locks it)."""
-    if not text:
-        raise argparse.ArgumentTypeError("expected a directory, got an empty path ''")
-    return text
-
-
-def mnist_directory(text: str) -> str:
-    """A directory holding the four MNIST IDX files; returned absolute."""
-    from .experiments.parts.mnist_data import find_mnist_files
-
-    if not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"expected a directory with the four MNIST IDX files, got {text!r}, "
-                                         "which is not a directory")
-    try:
-        find_mnist_files(text)
-    except FileNotFoundError as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace(f"--mnist-dir {text!r}: ", f"{text!r} has ")) from None
-    return os.path.abspath(text)
-
-
-def device(text: str) -> str:
-    """A torch device on which a NALU layer runs forward and backward and copies back: what every
-    experiment does. Checked at start (a 'meta' device used to fail only after training)."""
-    import torch
-
-    allowed = "cpu" + (", cuda or cuda:N" if torch.cuda.is_available() else " (this torch sees no CUDA device)")
-    try:
-        dev = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"unknown device {text!r}; allowed: {allowed}") from None
-    try:
-        _probe(dev)
-    except Exception as exc:  # whatever the device cannot do, the experiments cannot either
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise argparse.ArgumentTypeError(f"device {text!r} cannot run the experiments here ({why}); "
-                                         f"allowed: {allowed}") from None
-    return str(dev)
-
-
-def _probe(dev) -> None:
-    import torch
-
-    from .modules import NALU
-
-    with torch.random.fork_rng(devices=[]):  # the layer's initialisation must not move the global RNG
-        layer = NALU(3, 2).to(dev)
-    x = torch.full((4, 3), 0.5, device=dev)
-    layer(x).sum().backward()
-    float(layer.G.grad.sum().cpu())
-
 
 def _add_common(p: argparse.ArgumentParser, *, defaults_note: str = "the experiment's default") -> None:
     g = p.add_argument_group("run options")
@@ -253,16 +127,12 @@ def _set_default_help(p: argparse.ArgumentParser, exp) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .experiments import all_experiments
-
     parser = argparse.ArgumentParser(
         prog="nalu-cuda",
         description="Reproduce the experiments of 'Neural Arithmetic Logic Units' (Trask et al. 2018) with "
                     "many seeds trained at once, scored by the paper's metric and Madsen & Johansen's "
                     "success criterion.",
         epilog="Run `nalu-cuda <command> -h` for the options of a command.")
-    from . import __version__
-
     parser.add_argument("--version", action="version", version=f"nalu_cuda {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -316,8 +186,6 @@ def _with_budget(cfgs, args: argparse.Namespace):
 
 
 def _configs(args: argparse.Namespace):
-    from .experiments import all_experiments, get
-
     profile = getattr(args, "profile", None)
     if args._experiment is not None and profile is not None and not args._own_profile:
         exp = get(args._experiment)
@@ -358,8 +226,6 @@ def _failure(exc: BaseException, out: str) -> str:
 
 def _print_list(parser: argparse.ArgumentParser, profile: Optional[str]) -> None:
     """``nalu-cuda list``: every configuration a command builds, from the functions the commands use."""
-    from .experiments import all_experiments
-
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     if profile is None:
         print("The configurations each command trains with no options (`nalu-cuda <command>`); "
@@ -413,8 +279,6 @@ def _result_line(rec: dict) -> str:
 
 def _print_results(configs, out: str) -> None:
     """A short table of this run's results, one line per summary.json record (the report has the rest)."""
-    import json
-
     try:
         with open(os.path.join(out, "summary.json")) as f:
             records = json.load(f)["records"]
@@ -464,10 +328,8 @@ class _SkipCollapser:
     key: ...", "[skip] key: finished earlier (kept)", "[i/n] key: done ...") as one line with a count."""
 
     def __init__(self, configs, out: str):
-        from .experiments.runner import _log_default, result_path
-
-        self._log = _log_default
-        self._maybe = {c.key for c in configs if os.path.exists(result_path(out, c))}
+        self._log = runner.log_default
+        self._maybe = {c.key for c in configs if os.path.exists(runner.result_path(out, c))}
         self._skipped: List[str] = []
         self._seen: set = set()
 
@@ -495,17 +357,12 @@ class _SkipCollapser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from .experiments import distributed
-
     distributed.select_local_gpu()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args._experiment == "__list__":
         _print_list(parser, args.profile)
         return 0
-    from .experiments.resources import check_memory
-    from .experiments.runner import RunError, run_configs
-
     try:
         configs = _configs(args)
         check_memory(configs, args.device)
@@ -515,8 +372,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.exit(2, "nalu-cuda: error: no configurations to run\n")
     if args.resume and args.overwrite:
         parser.exit(2, "nalu-cuda: error: --resume and --overwrite contradict each other\n")
-    import torch
-
     torch.set_num_threads(args.threads or 1)
     out = args.out if args.out is not None else os.path.join("nalu-results", args.command)
     meta = {"command": "nalu-cuda " + " ".join(shlex.quote(a) for a in argv), "device": args.device}
@@ -535,12 +390,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     talk = ranks is None or ranks.rank == 0  # one message per run, not one per rank
     try:
         if ranks is None:
-            run_configs(configs, out, **run_kw, **({"log": kept} if kept is not None else {}))
+            runner.run_configs(configs, out, **run_kw, **({"log": kept} if kept is not None else {}))
         else:
-            from .experiments.runner import _log_default
-
-            distributed.run_sharded(configs, out, ranks, log=_log_default, report_every_s=60.0, **run_kw)
-    except (RunError, ValueError) as exc:
+            distributed.run_sharded(configs, out, ranks, log=runner.log_default, report_every_s=60.0, **run_kw)
+    except (runner.RunError, ValueError) as exc:
         parser.exit(2, f"nalu-cuda: error: {_collapse(str(exc))}\n" if talk else None)
     except (OSError, MemoryError) as exc:
         parser.exit(1, f"nalu-cuda: error: {_failure(exc, out)}\n" if talk else None)

@@ -2,9 +2,14 @@
 
 * the core, this folder: :mod:`.registry` (the plugin interface), :mod:`.runner` (runs configurations,
   writes results), :mod:`.report` (``report.md``, number formats, plots), :mod:`.stats` (summaries and
-  intervals), :mod:`.plugin` (what a task module calls to register itself);
+  intervals), :mod:`.plugin` (what a task module calls to register itself), :mod:`.argtypes` (the
+  options' argument types);
 * the shared parts, :mod:`.parts`: seeding, ensemble layers, models, Adam, the training loops, data;
 * the tasks, :mod:`.tasks`: one thin module per experiment (its data, its model choice, its report).
+
+Each floor imports only the floors below it (the core never imports a part or a task: what it needs
+of a task, e.g. how its seed blocks merge, the task declares in :func:`~.plugin.register_task`), and
+no modules import each other in a circle: ``lint-imports`` (pyproject.toml) and ``.ci/import_cycles.py``.
 
 Every module named in :data:`EXPERIMENT_MODULES` (relative to this package) is imported here and
 registers one :class:`~nalu_cuda.experiments.registry.Experiment`; the ``nalu-cuda`` CLI builds one

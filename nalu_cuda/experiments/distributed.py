@@ -55,15 +55,15 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
-from . import seed_blocks
-from .integrity import load_result
+from . import runner, seed_blocks
+from .integrity import checkpoint_path, load_result, result_path
 from .outdir import OutputDir, RunError
-from .registry import Config, ConfigResult
+from .registry import Config, ConfigResult, all_experiments
 
 __all__ = ["Ranks", "launched", "restart_count", "select_local_gpu", "group_store", "init", "rank_device",
            "estimated_cost", "model_factor", "split_rule", "units", "plan", "run_sharded", "TIMEOUT", "COST_FACTORS",
@@ -72,10 +72,25 @@ __all__ = ["Ranks", "launched", "restart_count", "select_local_gpu", "group_stor
 # The collectives carry results, not gradients: a rank waits at the gather for the slowest shard.
 TIMEOUT = _dt.timedelta(days=7)
 
-# Relative cost of one training step of one seed, per experiment (static = 1): rough measurements of
-# the quick profile on a CPU. Only the balance of the shards depends on them, never a result.
-COST_FACTORS: Dict[str, float] = {"static": 1.0, "identity": 1.0, "parity": 1.0, "recurrent": 10.0,
-                                  "programs": 10.0, "language": 20.0, "digits": 50.0}
+class _CostFactors(Mapping):
+    """Relative cost of one training step of one seed, per experiment (static = 1): rough measurements
+    of the quick profile on a CPU, declared by each experiment (its ``cost_factor``). Only the balance
+    of the shards depends on them, never a result."""
+
+    def _declared(self) -> Dict[str, float]:
+        return {e.name: e.cost_factor for e in all_experiments()}
+
+    def __getitem__(self, name: str) -> float:
+        return self._declared()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._declared())
+
+    def __len__(self) -> int:
+        return len(self._declared())
+
+
+COST_FACTORS: Mapping[str, float] = _CostFactors()
 
 # Relative cost of a step per model (``params["model"]``; NAC = 1, an unlisted model 1.5), measured on a
 # 2-core CPU, 1 thread, with ``OMP_NUM_THREADS=1 python benchmarks/cost_factors.py`` (2026-12-01, a load of
@@ -175,10 +190,8 @@ def _test_fault(started: int, ranks: Ranks, out_dir: str, cfg: Config) -> None:
     if rank is None or int(rank) != ranks.rank or restart_count() > 0 or \
             started != int(os.environ.get("NALU_CUDA_TEST_KILL_AFTER", "0")):
         return
-    import signal
+    import signal  # local: fault injection, for tests only
     import threading
-
-    from .runner import checkpoint_path
 
     ck = checkpoint_path(out_dir, cfg)
     at_checkpoint = os.environ.get("NALU_CUDA_TEST_KILL_AT") == "checkpoint"
@@ -196,15 +209,19 @@ def _test_fault(started: int, ranks: Ranks, out_dir: str, cfg: Config) -> None:
 
 def model_factor(model: Any) -> float:
     """:data:`MODEL_FACTORS` of a model name (any case, ``_`` for ``-``); 1 without a model,
-    :data:`MLP_FACTOR` for an activation, 1.5 for a model not measured."""
+    :data:`MLP_FACTOR` for ``linear`` and ``none``, else what an experiment declares for it (its
+    ``model_costs``: the identity task's activations), 1.5 for a model not measured."""
     if not isinstance(model, str):
         return 1.0
     key = model.strip().lower().replace("_", "-")
     if key in MODEL_FACTORS:
         return MODEL_FACTORS[key]
-    from .parts.arithmetic_models import ACTIVATIONS
-
-    return MLP_FACTOR if key in ("linear", "none") or key.replace("-", "_") in ACTIVATIONS else 1.5
+    if key in ("linear", "none"):
+        return MLP_FACTOR
+    for exp in all_experiments():
+        if key in exp.model_costs:
+            return exp.model_costs[key]
+    return 1.5
 
 
 def estimated_cost(cfg: Config) -> float:
@@ -289,8 +306,6 @@ def _read(path: str) -> str:
 def _local_status(configs: Sequence[Config], out_dir: str) -> List[Tuple[bool, bool, list, list]]:
     """Per configuration: a valid result of it in ``out_dir``; a checkpoint of it there; its blocks of
     seeds there, finished and started."""
-    from .runner import checkpoint_path, result_path
-
     status = []
     for cfg in configs:
         rp = result_path(out_dir, cfg)
@@ -342,8 +357,6 @@ def units(configs: Sequence[Config], world_size: int, status: Sequence[Sequence[
 def _merge_blocks(configs: Sequence[Config], work: Sequence[Unit], texts: Dict[str, str], out_dir: str) -> List[str]:
     """On rank 0: every configuration whose blocks of seeds all finished gets its merged ``result.json``
     (:func:`.runner.write_merged`); returns the problems, as failures of the run."""
-    from . import runner
-
     problems = []
     by_config: Dict[int, List[Unit]] = {}
     for unit in work:
@@ -363,8 +376,6 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
                 report_every_s: float) -> List[ConfigResult]:
     """:func:`.runner.run_configs` over the ranks of the group (collective: every rank calls it with the
     same arguments). Returns every result on rank 0, this rank's shard elsewhere."""
-    from . import runner
-
     t_start = time.perf_counter()
     names = [c.key for c in configs]
     dup = {n for n in names if names.count(n) > 1}
@@ -382,7 +393,7 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
         problem = None
         if not od.joined:  # once per file system
             try:
-                runner._prepare(configs, od, resume=resume, overwrite=overwrite, log=rank_log)
+                runner.prepare(configs, od, resume=resume, overwrite=overwrite, log=rank_log)
             except RunError as exc:
                 problem = str(exc)
         _agree(problem, ranks)
@@ -415,7 +426,7 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
                 failure = f"{cfg.key} failed on {socket.gethostname()} ({type(exc).__name__}: {exc})"
                 rank_log(f"error: {failure}")
                 break
-            rank_log(f"[{n + 1}/{len(mine)}] {cfg.key}: done in {r.wall_s:.0f} s; " + runner._headline(r))
+            rank_log(f"[{n + 1}/{len(mine)}] {cfg.key}: done in {r.wall_s:.0f} s; " + runner.headline(r))
             texts[cfg.key] = _read(runner.result_path(out_dir, cfg))
             if ranks.rank == 0 and time.perf_counter() - last_report >= report_every_s:
                 runner.write_outputs(out_dir, meta=meta, order=names, report=False, outdir=od)
@@ -466,7 +477,7 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
             raise RunError("\n".join(failures_box[0]) + f"\nthe finished configurations are kept in {out_dir} "
                            "(on each rank's machine); rerun with --resume, with any number of ranks")
         if ranks.rank != 0:
-            results = [runner._result_from_data(json.loads(t)) for t in texts.values()]
+            results = [runner.result_from_data(json.loads(t)) for t in texts.values()]
         return results
     finally:
         od.close()

@@ -18,7 +18,21 @@ from .outdir import RunError
 from .registry import Config
 
 __all__ = ["checksum", "seal", "seal_problem", "result_problem", "load_result", "keep_damaged", "CheckpointState",
-           "load_checkpoint", "read_checkpoint"]
+           "load_checkpoint", "read_checkpoint", "config_dir", "result_path", "checkpoint_path", "read_result",
+           "damaged"]
+
+
+# Where a configuration's files live in ``--out DIR`` (the layout: :mod:`.runner`'s docstring).
+def config_dir(out_dir: str, cfg: Config) -> str:
+    return os.path.join(out_dir, "runs", cfg.experiment, cfg.name)
+
+
+def result_path(out_dir: str, cfg: Config) -> str:
+    return os.path.join(config_dir(out_dir, cfg), "result.json")
+
+
+def checkpoint_path(out_dir: str, cfg: Config) -> str:
+    return os.path.join(config_dir(out_dir, cfg), "checkpoint.pt")
 
 
 _RESULT_FIELDS = (("fingerprint", str), ("config", dict), ("records", list))
@@ -111,6 +125,26 @@ def load_result(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
         return None, f"unreadable: {exc}"
     problem = result_problem(data)
     return (None, problem) if problem else (data, None)
+
+
+def read_result(path: str) -> Dict[str, Any]:
+    """A valid ``result.json``'s data (a :class:`RunError` naming what is wrong otherwise)."""
+    data, problem = load_result(path)
+    if problem is not None:
+        raise RunError(f"result file {path} is damaged ({problem})")
+    return data
+
+
+def damaged(path: str, what: str, problem: str, cfg: Config, resume: bool, log) -> None:
+    """The rule for a damaged result or checkpoint of ``cfg``: without ``resume`` a :class:`RunError`;
+    with it, the file is moved aside (:func:`keep_damaged`) and ``cfg`` recomputed, with a warning."""
+    name = os.path.basename(path)
+    if not resume:
+        raise RunError(f"{what} {path} is damaged ({problem}): pass --resume to recompute {cfg.key} (the damaged "
+                       f"file is kept as {name}.damaged), or --overwrite to recompute every configuration of this run")
+    kept = keep_damaged(path)
+    log(f"warning: {what} {path} is damaged ({problem}); recomputing {cfg.key} (the damaged file is kept as "
+        f"{os.path.basename(kept)})")
 
 
 def keep_damaged(path: str) -> str:

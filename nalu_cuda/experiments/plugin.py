@@ -26,9 +26,11 @@ __all__ = ["register_task", "add_backend_argument", "add_subset_argument", "subs
 
 
 def register_task(module_name: str, *, name: str, help: str, order: int,
-                  summarize: Optional[Callable] = None) -> Experiment:
+                  summarize: Optional[Callable] = None, **declared: Any) -> Experiment:
     """Register the task module ``module_name`` (pass ``__name__``) from its functions, found by
-    their names (``summarize`` overrides the module's own, e.g. :func:`.stats.interval_summary`)."""
+    their names (``summarize`` overrides the module's own, e.g. :func:`.stats.interval_summary`).
+    ``declared``: what the core reads of the task (:class:`~.registry.Experiment`'s ``merges``,
+    ``derived_merges``, ``cost_factor``, ``model_costs``, ``published_budget``)."""
     mod = sys.modules[module_name]
     optional = {k: getattr(mod, k) for k in ("add_arguments", "report_section", "memory_needs")
                 if hasattr(mod, k)}
@@ -36,7 +38,7 @@ def register_task(module_name: str, *, name: str, help: str, order: int,
         optional["profiles"] = tuple(mod.PROFILES)
     return register(Experiment(name=name, help=help, configs=mod.configs, profile_configs=mod.profile_configs,
                                run=mod.run, summarize=summarize or getattr(mod, "summarize", None), order=order,
-                               **optional))
+                               **optional, **declared))
 
 
 def add_backend_argument(parser: argparse.ArgumentParser) -> None:

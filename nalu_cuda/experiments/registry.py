@@ -191,6 +191,18 @@ class Experiment:
     * ``memory_needs(config) -> [resources.Need]``: the tensors that dominate a run's memory, each
       with the options that make it grow; the CLI refuses a configuration whose sum cannot fit
       (:func:`.resources.check_memory`). None: nothing is checked.
+
+    What the core reads of a task instead of importing it (the core never imports a task):
+
+    * ``merges``: how each field of ``extra`` merges when the configuration's seeds ran as blocks
+      (``{field: rule}``, rules in :mod:`.seed_blocks`; a field not named must be equal in every
+      block); ``None``: the experiment's seeds never split (:func:`.seed_blocks.splittable`).
+      ``derived_merges``: ``{field: (source field, rule)}``, fields computed from merged ones after them.
+    * ``cost_factor``: relative cost of one training step of one seed (static = 1), and
+      ``model_costs``: relative cost of a step per model name of the task (over
+      :data:`.distributed.MODEL_FACTORS`); only the balance of sharded runs depends on them.
+    * ``published_budget``: ``(seeds, steps)`` of the publication the report compares with, where it
+      is not the ``paper`` profile's (:func:`.verdicts.published_budget`).
     """
 
     name: str
@@ -204,6 +216,11 @@ class Experiment:
     order: int = 100
     profiles: Tuple[str, ...] = ("quick", "paper")
     memory_needs: Optional[Callable[[Config], Sequence[Any]]] = None
+    merges: Optional[Dict[str, Callable]] = None
+    derived_merges: Dict[str, Tuple[str, Callable]] = field(default_factory=dict)
+    cost_factor: float = 1.0
+    model_costs: Dict[str, float] = field(default_factory=dict)
+    published_budget: Optional[Tuple[int, float]] = None
 
     def memory(self, config: Config) -> List[Any]:
         """What ``memory_needs`` declares for ``config`` (nothing when the experiment declares nothing)."""

@@ -1,6 +1,6 @@
 """``report.md``: our numbers beside the published ones, and the plots.
 
-Published figures come only from sources we can cite (``PAPER.md``): Trask et al. (2018) state
+Published figures come only from sources we can cite (``docs/paper.md``): Trask et al. (2018) state
 claims but their table values are not available here, so claims are checked against our numbers
 by an explicit rule; Madsen & Johansen (2020) and Schlor et al. (2020, iNALU) give success rates.
 """
@@ -24,7 +24,7 @@ MADSEN_SUCCESS: Dict[Tuple[str, str], float] = {
     ("nac", "add"): 1.00, ("nac", "sub"): 1.00, ("nac", "div"): 0.00,
     ("nac-mul", "mul"): 0.31, ("nac-mul", "squared"): 0.77, ("nac-mul", "root"): 0.07, ("nac-mul", "div"): 0.00,
 }
-# Madsen & Johansen's Table 1 as UNITS.md gives it (100 seeds, 5e6 steps, U[1,2] -> U[2,6]): (op, our
+# Madsen & Johansen's Table 1 as docs/paper.md gives it (100 seeds, 5e6 steps, U[1,2] -> U[2,6]): (op, our
 # model name, success, +CI, -CI, median solved-at step, sparsity error); None where not published.
 MADSEN_TABLE1: List[Tuple[str, str, float, Optional[float], Optional[float], Optional[float], Optional[float]]] = [
     ("mul", "nmu", 0.98, 0.01, 0.05, 1.4e6, 4.2e-7),
@@ -54,7 +54,7 @@ INALU_SUCCESS: Dict[Tuple[str, str], float] = {
 
 
 def plt():
-    import matplotlib
+    import matplotlib  # local: matplotlib is slow to import, and only plots need it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as pyplot
@@ -107,17 +107,18 @@ def plot_per_op(curves: Sequence[Tuple[str, str, Sequence[float], Sequence[Optio
                 legend_size: int = 7, title: Optional[str] = None, mark_label: Optional[str] = None,
                 bands: Optional[Dict[str, Tuple[float, float, str]]] = None,
                 hlines: Optional[Dict[str, Tuple[float, float, float, str]]] = None,
-                xticks: Optional[Sequence[float]] = None) -> Optional[str]:
+                xticks: Optional[Sequence[float]] = None, ops: Sequence[str] = (),
+                op_titles: Optional[Dict[str, str]] = None) -> Optional[str]:
     """One log-log panel per operation: ``curves`` are ``(label, op, xs, ys)``; missing or
     non-positive ys are gaps; ``mark_x`` draws a dotted vertical line (the training point,
     ``mark_label`` its legend entry); ``bands[op] = (x0, x1, label)`` shades an x range and
     ``hlines[op] = (y, x0, x1, label)`` draws a dashed level (e.g. the success threshold over the
     range it applies to); ``xticks`` labels those x values plainly; ``title`` is the figure's title (what is plotted). Every label keeps one
     colour and marker in every panel. Writes ``out_dir/name`` and returns ``name``, or None when
-    there is nothing to draw."""
-    from .parts.arithmetic_data import OP_SYMBOLS, OPS
-
-    ops = [op for op in OPS if any(c[1] == op for c in curves)]
+    there is nothing to draw. ``ops``: the order of the panels (default: as the curves first name
+    them); ``op_titles``: each panel's title (default: the op's name); the arithmetic tasks' are
+    :func:`.parts.arithmetic_plots.plot_per_op`'s."""
+    ops = [op for op in (ops or dict.fromkeys(c[1] for c in curves)) if any(c[1] == op for c in curves)]
     if not ops:
         return None
     labels = list(dict.fromkeys(c[0] for c in curves))
@@ -143,7 +144,7 @@ def plot_per_op(curves: Sequence[Tuple[str, str, Sequence[float], Sequence[Optio
             ax.set_xticks(list(xticks))
             ax.set_xticklabels([f"{x:g}" for x in xticks], fontsize=7)
             ax.minorticks_off()
-        ax.set_title(OP_SYMBOLS[op])
+        ax.set_title((op_titles or {}).get(op, op))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
     # One legend for all panels, below them, where it hides no curve and no threshold.

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence, Tuple
 
-from .registry import Config
+from .registry import Config, get
 
 __all__ = ["Need", "ResourceError", "memory_limit", "config_bytes", "check_memory", "fmt_bytes", "digit_images"]
 
@@ -69,7 +69,7 @@ def memory_limit(device: str = "cpu") -> Optional[float]:
     """Bytes a run may use at most: the host's memory, and on a CUDA device also the GPU's."""
     limit = _host_memory()
     if str(device).startswith("cuda"):
-        import torch
+        import torch  # local: only a CUDA device needs torch here
 
         if torch.cuda.is_available():
             dev = torch.device(device)
@@ -83,8 +83,6 @@ def config_bytes(needs: Iterable[Need]) -> float:
 
 
 def _declared(config: Config) -> Sequence[Need]:
-    from .registry import get
-
     return get(config.experiment).memory(config)
 
 

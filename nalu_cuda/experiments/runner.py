@@ -50,13 +50,17 @@ import platform
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+import nalu_cuda
+
+from . import report as _report
 from . import seed_blocks
-from .integrity import (CheckpointState, checksum, keep_damaged, load_checkpoint, load_result,  # noqa: F401
-                        read_checkpoint, seal)
+from .integrity import (CheckpointState, checkpoint_path, checksum, config_dir, keep_damaged,  # noqa: F401
+                        load_checkpoint, load_result, read_checkpoint, read_result, result_path, seal)
+from .integrity import damaged as _damaged
 from .outdir import OutputDir, RunError, atomic_write
 from .registry import Config, ConfigResult, Context, RunOutput, all_experiments, get
 
@@ -66,9 +70,10 @@ __all__ = ["RunError", "run_configs", "load_results", "write_outputs", "atomic_w
 RESULT_VERSION = 2  # 2: results and checkpoints carry a checksum
 
 
-def _log_default(msg: str) -> None:
+def log_default(msg: str) -> None:
+    """The default ``log``: a line on stderr that does not break tqdm's progress bars."""
     try:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # local: tqdm is slow to import, and optional here
 
         tqdm.write(msg, file=sys.stderr)
     except Exception:  # pragma: no cover
@@ -118,19 +123,7 @@ def dumps(obj) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
-def config_dir(out_dir: str, cfg: Config) -> str:
-    return os.path.join(out_dir, "runs", cfg.experiment, cfg.name)
-
-
-def result_path(out_dir: str, cfg: Config) -> str:
-    return os.path.join(config_dir(out_dir, cfg), "result.json")
-
-
-def checkpoint_path(out_dir: str, cfg: Config) -> str:
-    return os.path.join(config_dir(out_dir, cfg), "checkpoint.pt")
-
-
-def _result_from_data(data: Dict[str, Any]) -> ConfigResult:
+def result_from_data(data: Dict[str, Any]) -> ConfigResult:
     cfg = Config.from_dict(data["config"])
     summaries = data.get("summaries") or []
     return ConfigResult(config=cfg, records=data["records"], summary=summaries[0] if summaries else {},
@@ -153,18 +146,6 @@ def _make_context(out_dir: str, cfg: Config, device: str, progress: bool, resume
 
     return Context(device=device, work_dir=config_dir(out_dir, cfg), progress=progress, save_checkpoint=save,
                    load_checkpoint=load, log=log, checkpoint_every_s=checkpoint_every_s)
-
-
-def _damaged(path: str, what: str, problem: str, cfg: Config, resume: bool, log) -> None:
-    """The rule for a damaged result or checkpoint of ``cfg``: without ``resume`` a :class:`RunError`;
-    with it, the file is moved aside (:func:`keep_damaged`) and ``cfg`` recomputed, with a warning."""
-    name = os.path.basename(path)
-    if not resume:
-        raise RunError(f"{what} {path} is damaged ({problem}): pass --resume to recompute {cfg.key} (the damaged "
-                       f"file is kept as {name}.damaged), or --overwrite to recompute every configuration of this run")
-    kept = keep_damaged(path)
-    log(f"warning: {what} {path} is damaged ({problem}); recomputing {cfg.key} (the damaged file is kept as "
-        f"{os.path.basename(kept)})")
 
 
 def _existing(cfg: Config, out_dir: str, *, resume: bool, overwrite: bool, log) -> Optional[Dict[str, Any]]:
@@ -203,20 +184,20 @@ def _existing(cfg: Config, out_dir: str, *, resume: bool, overwrite: bool, log) 
 
 
 def run_one(cfg: Config, out_dir: str, *, device: str = "cpu", resume: bool = False, overwrite: bool = False,
-            progress: bool = True, log=_log_default, checkpoint_every_s: float = 60.0) -> ConfigResult:
+            progress: bool = True, log=log_default, checkpoint_every_s: float = 60.0) -> ConfigResult:
     """Run (or, with ``resume``, reuse) one configuration; returns its result."""
     exp = get(cfg.experiment)
     ck = checkpoint_path(out_dir, cfg)
     kept = _existing(cfg, out_dir, resume=resume, overwrite=overwrite, log=log)
     if kept is not None:
         log(f"[skip] {cfg.key}: finished earlier (kept)")
-        return _result_from_data(kept)
+        return result_from_data(kept)
     if resume and not os.path.exists(ck):  # blocks of seeds that a sharded run finished or started
         done, started, _ = seed_blocks.on_disk(out_dir, cfg)
         if done or started:
             blocks = seed_blocks.layout(cfg.seeds, done, started, lambda lo, hi: 1)
             log(f"{cfg.key}: continuing from its blocks of seeds ({len(done)} of {len(blocks)} finished)")
-            return seed_blocks.run_blocks(cfg, out_dir, blocks, device=device, resume=True, progress=progress,
+            return run_blocks(cfg, out_dir, blocks, device=device, resume=True, progress=progress,
                                           log=log, checkpoint_every_s=checkpoint_every_s)
     os.makedirs(config_dir(out_dir, cfg), exist_ok=True)
     ctx = _make_context(out_dir, cfg, device, progress, resume, log, checkpoint_every_s)
@@ -249,15 +230,7 @@ def _write_result(cfg: Config, out_dir: str, out: RunOutput, wall: float, device
     atomic_write_text(rp, dumps(data))
     if os.path.exists(ck):
         os.unlink(ck)
-    return _result_from_data(data)
-
-
-def read_result(path: str) -> Dict[str, Any]:
-    """A valid ``result.json``'s data (a :class:`RunError` naming what is wrong otherwise)."""
-    data, problem = load_result(path)
-    if problem is not None:
-        raise RunError(f"result file {path} is damaged ({problem})")
-    return data
+    return result_from_data(data)
 
 
 def write_merged(cfg: Config, out_dir: str, parts) -> ConfigResult:
@@ -268,6 +241,17 @@ def write_merged(cfg: Config, out_dir: str, parts) -> ConfigResult:
     r = _write_result(cfg, out_dir, out, wall, device, {"seed_blocks": [list(b) for b, _ in sorted(parts)]})
     seed_blocks.remove_blocks(out_dir, cfg)
     return r
+
+
+def run_blocks(cfg: Config, out_dir: str, blocks: Sequence[Tuple[int, int]], **run_kw) -> ConfigResult:
+    """Run (or, with ``resume``, keep) every block of seeds of ``cfg`` (:mod:`.seed_blocks`) in one
+    process, then write its merged result."""
+    parts = []
+    for lo, hi in blocks:
+        b = seed_blocks.block_config(cfg, lo, hi)
+        run_one(b, out_dir, **run_kw)
+        parts.append(((lo, hi), read_result(result_path(out_dir, b))))
+    return write_merged(cfg, out_dir, parts)
 
 
 def _result_files(out_dir: str) -> List[str]:
@@ -284,7 +268,7 @@ def _result_files(out_dir: str) -> List[str]:
     return found
 
 
-def _prepare(configs: Sequence[Config], od: OutputDir, *, resume: bool, overwrite: bool, log) -> None:
+def prepare(configs: Sequence[Config], od: OutputDir, *, resume: bool, overwrite: bool, log) -> None:
     """Every rule checked before any configuration trains; all problems in one :class:`RunError`."""
     out_dir = od.path
     problems = []
@@ -315,7 +299,7 @@ def _prepare(configs: Sequence[Config], od: OutputDir, *, resume: bool, overwrit
 
 
 def run_configs(configs: Sequence[Config], out_dir: str, *, device: str = "cpu", resume: bool = False,
-                overwrite: bool = False, progress: bool = True, log=_log_default, meta: Optional[dict] = None,
+                overwrite: bool = False, progress: bool = True, log=log_default, meta: Optional[dict] = None,
                 checkpoint_every_s: float = 60.0, report_every_s: float = 60.0) -> List[ConfigResult]:
     """Run every configuration in order, rebuilding the outputs after each; returns the results.
 
@@ -325,7 +309,7 @@ def run_configs(configs: Sequence[Config], out_dir: str, *, device: str = "cpu",
     if dup:
         raise ValueError(f"configuration names repeat: {sorted(dup)}")
     with OutputDir(out_dir, overwrite=overwrite) as od:
-        _prepare(configs, od, resume=resume, overwrite=overwrite, log=log)
+        prepare(configs, od, resume=resume, overwrite=overwrite, log=log)
         results = []
         t_start = time.perf_counter()
         last_report = -math.inf
@@ -334,7 +318,7 @@ def run_configs(configs: Sequence[Config], out_dir: str, *, device: str = "cpu",
                 f"(elapsed {time.perf_counter() - t_start:.0f} s)")
             r = run_one(cfg, out_dir, device=device, resume=resume, overwrite=overwrite, progress=progress, log=log,
                         checkpoint_every_s=checkpoint_every_s)
-            log(f"[{i + 1}/{len(configs)}] {cfg.key}: done in {r.wall_s:.0f} s; " + _headline(r))
+            log(f"[{i + 1}/{len(configs)}] {cfg.key}: done in {r.wall_s:.0f} s; " + headline(r))
             results.append(r)
             # summary.json and the CSVs after every configuration; the report and its plots (slower)
             # at most once a minute, and always at the end (below).
@@ -348,7 +332,7 @@ def run_configs(configs: Sequence[Config], out_dir: str, *, device: str = "cpu",
     return results
 
 
-def _headline(r: ConfigResult) -> str:
+def headline(r: ConfigResult) -> str:
     parts = []
     for s in r.summaries or [r.summary]:
         tag = s.get("op") or s.get("config")
@@ -372,7 +356,7 @@ def load_results(out_dir: str, order: Optional[Sequence[str]] = None) -> List[Co
         if problem is not None:
             raise RunError(f"result file {rp} is damaged ({problem}); delete it, or rerun its configuration with "
                            "--resume to recompute it")
-        found.append(_result_from_data(data))
+        found.append(result_from_data(data))
     exp_order = {e.name: i for i, e in enumerate(all_experiments())}
     pos = {k: i for i, k in enumerate(order or [])}
     found.sort(key=lambda r: (exp_order.get(r.config.experiment, 10_000), r.config.experiment,
@@ -410,8 +394,6 @@ def write_outputs(out_dir: str, meta: Optional[dict] = None, order: Optional[Seq
     meta.setdefault("python", platform.python_version())
     meta.setdefault("machine", f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs")
     try:
-        import nalu_cuda
-
         meta.setdefault("nalu_cuda", nalu_cuda.__version__)
         meta.setdefault("native_extension", nalu_cuda.has_extension())
     except Exception:  # pragma: no cover
@@ -432,8 +414,6 @@ def write_outputs(out_dir: str, meta: Optional[dict] = None, order: Optional[Seq
                 rows.append({"experiment": exp_name, "config": r.config.name, **rec})
         outdir.write_text(f"per_seed_{exp_name}.csv", _csv_text(rows))
     if report:
-        from . import report as _report
-
         # The experiments' report sections write their plots themselves: into a staging directory,
         # from which each moves to DIR only if it replaces nothing that nalu-cuda did not write.
         with tempfile.TemporaryDirectory(prefix=".tmp-report-", dir=out_dir) as stage:

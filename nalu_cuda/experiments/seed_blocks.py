@@ -8,8 +8,9 @@ A block of seeds ``[lo, hi)`` of configuration ``C`` is itself a configuration (
 rules. Only the merged ``result.json`` of ``C`` is a result of the run (the summary, CSVs and report
 never see a block); the block directories are removed once it is written.
 
-Which experiments split: those whose members are independent streams, listed in :data:`MERGES`:
-``static``, ``identity`` and ``recurrent``. Their seeds are ``seed_offset + 0 .. seeds - 1``, every member
+Which experiments split: those whose members are independent streams, which declare their merge
+rules (``merges`` of their :class:`~.registry.Experiment`, gathered in :data:`MERGES`): ``static``,
+``identity`` and ``recurrent``. Their seeds are ``seed_offset + 0 .. seeds - 1``, every member
 draws its own data stream and initialisation from its own seed (:class:`.parts.uniform_stream.UniformStream`,
 :func:`.parts.seeding.member_generators`), the loss is a sum over members and Adam is elementwise,
 divergence is handled per member, the random-model baselines and success thresholds use fixed seeds of
@@ -23,8 +24,10 @@ and some share data or evaluation across members.
 
 Merging (:func:`merge`): the records of a configuration are op-major (every op's seeds in order); the
 blocks' records are interleaved back into that order; the summary is recomputed from all records by
-the experiment's own ``summarize``; each ``extra`` field is merged by its rule in :data:`MERGES` (a
-field with no rule must be equal in every block, else the merge stops with a :class:`RunError`).
+the experiment's own ``summarize``; each ``extra`` field is merged by the rule the experiment declares
+(the rules are here: :func:`same`, :func:`total`, :func:`union`, :func:`history`, :func:`median_curve`,
+:func:`concat`, :func:`member_curve`; a field with no rule must be equal in every block, else the merge
+stops with a :class:`RunError`). The blocks run in :func:`.runner.run_blocks`.
 """
 from __future__ import annotations
 
@@ -32,16 +35,17 @@ import math
 import os
 import re
 import shutil
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .integrity import load_result, result_problem
+from .integrity import config_dir, damaged, load_result, result_problem
 from .outdir import RunError
-from .registry import Config, RunOutput
+from .registry import Config, RunOutput, all_experiments, get
 
 __all__ = ["MERGES", "splittable", "is_block", "block_config", "even_blocks", "layout", "on_disk", "merge",
-           "nonfinite", "remove_blocks", "run_blocks"]
+           "nonfinite", "remove_blocks", "same", "total", "union", "history", "median_curve", "concat",
+           "member_curve"]
 
 Range = Tuple[int, int]
 _BLOCK_DIR = re.compile(r"^seeds-(\d+)-(\d+)$")
@@ -91,8 +95,6 @@ def layout(seeds: int, done: Sequence[Range], started: Sequence[Range], blocks_f
 
 
 def _block_dirs(out_dir: str, cfg: Config) -> List[Tuple[Range, str]]:
-    from .runner import config_dir
-
     d = config_dir(out_dir, cfg)
     found = []
     for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
@@ -135,8 +137,6 @@ def remove_blocks(out_dir: str, cfg: Config) -> None:
 def check_existing(cfg: Config, out_dir: str, *, resume: bool, overwrite: bool, log) -> None:
     """The runner's rules for the blocks of ``cfg`` in ``out_dir`` (see :func:`.runner._existing`); with
     ``resume``, a damaged result of a block is moved aside (a warning to ``log``) and the block rerun."""
-    from .runner import _damaged
-
     if overwrite:
         remove_blocks(out_dir, cfg)
         return
@@ -144,7 +144,7 @@ def check_existing(cfg: Config, out_dir: str, *, resume: bool, overwrite: bool, 
         rp = os.path.join(d, "result.json")
         problem = load_result(rp)[1] if os.path.exists(rp) and 0 <= lo < hi <= cfg.seeds else None
         if problem is not None:
-            _damaged(rp, "result file", problem, block_config(cfg, lo, hi), resume, log)
+            damaged(rp, "result file", problem, block_config(cfg, lo, hi), resume, log)
     done, started, foreign = on_disk(out_dir, cfg)
     if foreign:
         raise RunError(f"{foreign[0]} (a block of seeds of {cfg.key}) is damaged or holds results of other settings "
@@ -162,7 +162,7 @@ def nonfinite(records: Sequence[Dict[str, Any]]) -> List[List[Any]]:
             if isinstance(v, float) and not math.isfinite(v)]
 
 
-# -- merging ----------------------------------------------------------------------------------------
+# -- merging: the rules an experiment declares for the fields of its ``extra`` -------------------------
 
 
 def _regroup(parts: Sequence[Sequence[Any]], sizes: Sequence[int], groups: int) -> List[Any]:
@@ -170,48 +170,48 @@ def _regroup(parts: Sequence[Sequence[Any]], sizes: Sequence[int], groups: int) 
     return [v for g in range(groups) for part, n in zip(parts, sizes) for v in part[g * n:(g + 1) * n]]
 
 
-def _floats(values: Sequence[Any]) -> torch.Tensor:
+def floats(values: Sequence[Any]) -> torch.Tensor:
     return torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
 
 
-def _same(key: str, values: Sequence[Any], ctx) -> Any:
+def same(key: str, values: Sequence[Any], ctx) -> Any:
     if any(v != values[0] for v in values[1:]):
         raise RunError(f"cannot merge the seed blocks of {ctx['key']}: extra field {key!r} differs between blocks")
     return values[0]
 
 
-def _sum(key, values, ctx):
+def total(key, values, ctx):
     return sum(values)
 
 
-def _union(key, values, ctx):
+def union(key, values, ctx):
     return {k: v for d in values for k, v in d.items()}
 
 
-def _history(key, values, ctx):
+def history(key, values, ctx):
     """Rows ``[step, member values...]``: the steps are the same in every block."""
     rows = []
     for block_rows in zip(*values):
-        _same(key, [r[0] for r in block_rows], ctx)
+        same(key, [r[0] for r in block_rows], ctx)
         rows.append([block_rows[0][0]] + _regroup([r[1:] for r in block_rows], ctx["sizes"], ctx["groups"]))
     if len({len(v) for v in values}) > 1:
         raise RunError(f"cannot merge the seed blocks of {ctx['key']}: {key!r} has different lengths")
     return rows
 
 
-def _median_curve(axis: str) -> Callable:
+def median_curve(axis: str) -> Callable:
     """``{axis: points, "median_mse": {op: per point}, "member_mse": [per point: per member]}``: the
     median over the members of each op that did not diverge and have a finite value (as the tasks'
     ``_range_curve`` / ``_length_curve`` compute it)."""
 
     def merge_curve(key, values, ctx):
-        points = _same(key, [v[axis] for v in values], ctx)
+        points = same(key, [v[axis] for v in values], ctx)
         members = [_regroup([v["member_mse"][j] for v in values], ctx["sizes"], ctx["groups"])
                    for j in range(len(points))]
         S, diverged = sum(ctx["sizes"]), torch.tensor(ctx["diverged"])
         med: Dict[str, List[Optional[float]]] = {op: [] for op in ctx["ops"]}
         for vals in members:
-            mse = _floats(vals)
+            mse = floats(vals)
             for j, op in enumerate(ctx["ops"]):
                 m = mse[j * S:(j + 1) * S][~diverged[j * S:(j + 1) * S]]
                 m = m[torch.isfinite(m)]
@@ -221,29 +221,39 @@ def _median_curve(axis: str) -> Callable:
     return merge_curve
 
 
-def _identity_curve(key, values, ctx):
-    from .tasks.identity import mean_abs_error_curve
+def member_curve(curve: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable:
+    """A derived field (``derived_merges``): ``curve(per-member rows, diverged)`` over the merged
+    per-member rows of its source field (e.g. the identity task's mean absolute error curve)."""
 
-    rows = [r for v in values for r in v]
-    curve = mean_abs_error_curve(torch.stack([_floats(r) for r in rows]), torch.tensor(ctx["diverged"]))
-    return curve.tolist()
+    def merge_members(key, values, ctx):
+        rows = [r for v in values for r in v]
+        return curve(torch.stack([floats(r) for r in rows]), torch.tensor(ctx["diverged"])).tolist()
+
+    return merge_members
 
 
-def _concat(key, values, ctx):
+def concat(key, values, ctx):
     return [v for part in values for v in part]
 
 
-# Per experiment: how each field of ``extra`` merges (a field not named must be the same in every block).
-MERGES: Dict[str, Dict[str, Callable]] = {
-    "static": {"layouts": _union, "train_wall_s": _sum, "range_curve": _median_curve("scales"),
-               "history_extrap": _history, "history_valid": _history},
-    "identity": {"train_wall_s": _sum, "fig_abs_err": _concat},
-    "recurrent": {"train_wall_s": _sum, "length_curve": _median_curve("lengths")},
-}
-# Fields computed from other merged fields (after them).
-_DERIVED: Dict[str, Dict[str, Tuple[str, Callable]]] = {
-    "identity": {"fig_abs_err_mean": ("fig_abs_err", _identity_curve)},
-}
+class _Merges(Mapping):
+    """Per experiment that splits: how each field of ``extra`` merges (its ``merges``, declared by the
+    experiment itself; a field not named must be the same in every block)."""
+
+    def _declared(self) -> Dict[str, Dict[str, Callable]]:
+        return {e.name: e.merges for e in all_experiments() if e.merges is not None}
+
+    def __getitem__(self, name: str) -> Dict[str, Callable]:
+        return self._declared()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._declared())
+
+    def __len__(self) -> int:
+        return len(self._declared())
+
+
+MERGES: Mapping[str, Dict[str, Callable]] = _Merges()
 
 
 def splittable(cfg: Config) -> bool:
@@ -279,13 +289,14 @@ def merge(cfg: Config, parts: Sequence[Tuple[Range, Dict[str, Any]]]) -> Tuple[R
     records = _regroup(blocks_records, sizes, groups)
     ctx = {"key": cfg.key, "sizes": sizes, "groups": groups, "ops": list(cfg.params.get("ops", [None])),
            "diverged": [bool(r.get("diverged")) for r in records]}
-    rules, derived = MERGES.get(cfg.experiment, {}), _DERIVED.get(cfg.experiment, {})
+    exp = get(cfg.experiment)
+    rules, derived = exp.merges or {}, exp.derived_merges
     extra: Dict[str, Any] = {}
     keys = list(parts[0][1].get("extra", {}))
     for key in keys:
         if key not in derived:
             values = [data.get("extra", {}).get(key) for _, data in parts]
-            extra[key] = rules.get(key, _same)(key, values, ctx)
+            extra[key] = rules.get(key, same)(key, values, ctx)
     for key in keys:
         if key in derived:
             source, rule = derived[key]
@@ -295,14 +306,3 @@ def merge(cfg: Config, parts: Sequence[Tuple[Range, Dict[str, Any]]]) -> Tuple[R
     device = ", ".join(dict.fromkeys(str(data.get("device", "")) for _, data in parts))
     return RunOutput(records, extra), wall, device
 
-
-def run_blocks(cfg: Config, out_dir: str, blocks: Sequence[Range], **run_kw):
-    """Run (or, with ``resume``, keep) every block of ``cfg`` in one process, then write its merged result."""
-    from . import runner
-
-    parts = []
-    for lo, hi in blocks:
-        b = block_config(cfg, lo, hi)
-        runner.run_one(b, out_dir, **run_kw)
-        parts.append(((lo, hi), runner.read_result(runner.result_path(out_dir, b))))
-    return runner.write_merged(cfg, out_dir, parts)

@@ -14,10 +14,18 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Protocol, Tuple
 
-if TYPE_CHECKING:
-    from .registry import Config
+
+class ConfigLike(Protocol):
+    """What a summary reads of a configuration (a :class:`.registry.Config`; this module sits below the
+    registry, which builds on it)."""
+
+    experiment: str
+    name: str
+    seeds: int
+    steps: int
+    params: Dict[str, Any]
 
 __all__ = ["wilson_interval", "mean_ci", "rate_ci", "is_rate_key", "median", "mean", "finite", "default_summary", "interval_summary"]
 
@@ -62,7 +70,7 @@ def mean(values) -> Optional[float]:
     return sum(vals) / len(vals) if vals else None
 
 
-def default_summary(config: "Config", records: List[Dict[str, Any]]) -> Dict[str, Any]:
+def default_summary(config: ConfigLike, records: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The ``summary.json`` record: identity, parameters, and statistics of the standard keys.
 
     Rates come with 95% Wilson intervals (``*_ci``); errors with median and mean over seeds
@@ -108,7 +116,7 @@ def mean_ci(values: Iterable[float], level: float = 0.95) -> Tuple[Optional[floa
         return (mean, mean, mean)
     sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
     try:
-        from scipy.stats import t as student_t
+        from scipy.stats import t as student_t  # local: scipy is slow to import and only this needs it
 
         q = float(student_t.ppf(0.5 + level / 2, n - 1))
     except Exception:  # scipy comes with scikit-learn; this is only a fallback
@@ -144,7 +152,7 @@ def rate_ci(values: Iterable[float], level: float = 0.95) -> Tuple[Optional[floa
 
 def _t_quantile(level: float, dof: int) -> float:
     try:
-        from scipy.stats import t as student_t
+        from scipy.stats import t as student_t  # local: scipy is slow to import and only this needs it
 
         return float(student_t.ppf(0.5 + level / 2, dof))
     except Exception:  # scipy comes with scikit-learn; this is only a fallback
@@ -167,7 +175,7 @@ def is_rate_key(key: str, values: Iterable[Any] = ()) -> bool:
 _SKIP = {"seed", "best_step", "diverged", "success", "solved_at"}
 
 
-def interval_summary(config: "Config", records: List[Dict[str, Any]], extra: Dict[str, Any]) -> Dict[str, Any]:
+def interval_summary(config: ConfigLike, records: List[Dict[str, Any]], extra: Dict[str, Any]) -> Dict[str, Any]:
     """The registry's default summary plus ``<key>_mean`` and ``<key>_ci`` for every numeric per-seed
     key: a rate's (:func:`is_rate_key`) is the bounded :func:`rate_ci` interval, any other key's the
     95% Student-t interval over seeds (non-finite values left out; ``<key>_n`` says how many

@@ -14,13 +14,16 @@ A claim gets one of:
 
 The published budget of a claim is what the experiment's ``paper`` profile runs (its
 ``profile_configs("paper")``: the published seeds and steps, where a paper states them), found
-by :func:`published_budget`; the static task's is Madsen & Johansen's 100 seeds x 5e6 steps.
+by :func:`published_budget`, or what the experiment declares instead (its ``published_budget``: the
+static task's is Madsen & Johansen's 100 seeds x 5e6 steps).
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence, Tuple
+
+from .registry import get
 
 __all__ = ["Budget", "verdict", "published_budget", "run_budget", "fmt_steps", "VERDICT_RULE",
            "HOLDS", "DOES_NOT_HOLD", "INCONCLUSIVE", "NOT_TESTED"]
@@ -82,8 +85,6 @@ def run_budget(cells: Iterable[Any]) -> Optional[Budget]:
 
 @functools.lru_cache(maxsize=None)
 def _paper_budgets(experiment: str) -> Tuple[Tuple[Tuple[str, ...], int, float], ...]:
-    from .registry import get
-
     try:
         cfgs = get(experiment).profile_configs("paper")
     except Exception:  # unknown experiment or no paper profile: no published budget
@@ -100,11 +101,13 @@ def published_budget(experiment: str, models: Sequence[str] = ()) -> Optional[Bu
     """The published budget of a claim about ``models`` (model/agent/head names, or configuration
     names) of ``experiment``: the largest seeds and steps of its ``paper`` profile's configurations
     of those models (of all of them where none matches); None where the experiment has no paper
-    profile."""
-    if experiment == "static":
-        from .report import MADSEN_SEEDS, MADSEN_STEPS
-
-        return Budget(MADSEN_SEEDS, MADSEN_STEPS)
+    profile; what the experiment declares as its ``published_budget`` where it does."""
+    try:
+        declared = get(experiment).published_budget
+    except ValueError:  # unknown experiment: its paper profile's, none
+        declared = None
+    if declared is not None:
+        return Budget(*declared)
     rows = _paper_budgets(experiment)
     if not rows:
         return None

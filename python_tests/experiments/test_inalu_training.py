@@ -1,4 +1,4 @@
-"""iNALU's published training (UNITS.md, daschloer/inalu): TensorFlow 1's RMSProp over the flat
+"""iNALU's published training (docs/units.md, daschloer/inalu): TensorFlow 1's RMSProp over the flat
 buffers (:class:`FlatRMSProp`), 8 of every 10 steps on the weights and 2 on the gate, and the
 regulariser minimised in extra steps of its own for the members it applies to."""
 from __future__ import annotations

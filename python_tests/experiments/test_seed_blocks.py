@@ -41,7 +41,7 @@ def test_blocks_merge_into_the_whole_configuration(tmp_path, experiment):
     assert seed_blocks.splittable(cfg)
     whole = runner.run_one(cfg, str(tmp_path / "whole"), **QUIET)
     out = str(tmp_path / "blocks")
-    merged = seed_blocks.run_blocks(cfg, out, seed_blocks.even_blocks(0, cfg.seeds, 2), **QUIET)
+    merged = runner.run_blocks(cfg, out, seed_blocks.even_blocks(0, cfg.seeds, 2), **QUIET)
     assert merged.records == whole.records
     assert _numbers(runner.result_path(out, cfg)) == _numbers(runner.result_path(str(tmp_path / "whole"), cfg))
     assert os.listdir(runner.config_dir(out, cfg)) == ["result.json"]  # the blocks are gone once merged

@@ -31,7 +31,7 @@ Johansen (2020); a model is ``first layer -> second layer``:
 =========================  =========================================================
 
 The units after the NALU train with their published extras, each a field of
-:class:`ArithmeticUnit` (UNITS.md): a penalty and its schedule (Madsen's sparsity regulariser for
+:class:`ArithmeticUnit` (docs/units.md): a penalty and its schedule (Madsen's sparsity regulariser for
 NAU/NMU models, the NPU's stepwise L1, iNALU's regulariser once a member's loss is below 1), a
 projection after every optimiser step (NAU/NMU weights, the NPU gate), iNALU's gradient clipping by
 value and its re-initialisation of stalled members. :func:`training_hooks` turns them into the

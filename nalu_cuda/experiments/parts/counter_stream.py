@@ -19,7 +19,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .arithmetic_data import Range, apply_op
+from .arithmetic_ops import Range, apply_op
 from .seeding import seed_for
 
 __all__ = ["CounterStream", "hash32", "uniform_bits"]

@@ -11,6 +11,7 @@ Images are float32 in ``[0, 1]`` of shape ``(N, H, W)``; labels int64 in ``0..9`
 """
 from __future__ import annotations
 
+import argparse
 import gzip
 import os
 import struct
@@ -20,7 +21,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-__all__ = ["DigitImages", "read_idx", "write_idx", "load_digit_images", "find_mnist_files"]
+__all__ = ["DigitImages", "read_idx", "write_idx", "load_digit_images", "find_mnist_files", "mnist_directory"]
 
 # IDX type codes (the third byte of the magic number) -> numpy dtype (big-endian)
 _IDX_TYPES = {0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
@@ -83,6 +84,18 @@ def find_mnist_files(mnist_dir: str) -> dict:
                                     "(expected the four MNIST IDX files; nothing is downloaded)")
         out[key] = found
     return out
+
+
+def mnist_directory(text: str) -> str:
+    """An argument type (``--mnist-dir``): a directory holding the four MNIST IDX files; returned absolute."""
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"expected a directory with the four MNIST IDX files, got {text!r}, "
+                                         "which is not a directory")
+    try:
+        find_mnist_files(text)
+    except FileNotFoundError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace(f"--mnist-dir {text!r}: ", f"{text!r} has ")) from None
+    return os.path.abspath(text)
 
 
 @dataclass

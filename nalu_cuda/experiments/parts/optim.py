@@ -274,7 +274,7 @@ class FlatRMSProp(FlatAdam):
     """TensorFlow 1's ``RMSPropOptimizer`` (no momentum, not centred) over :class:`FlatAdam`'s flat
     buffers: ``ms <- ms + (1 - decay) (g^2 - ms)``, ``p <- p - lr g / sqrt(ms + eps)``, with ``ms``
     starting at 1 and ``eps`` inside the square root, as iNALU's published runs train
-    (daschloer/inalu: lr 0.01, decay 0.9, eps 1e-10; UNITS.md).
+    (daschloer/inalu: lr 0.01, decay 0.9, eps 1e-10; docs/units.md).
 
     ``parts``: named groups of parameters ``{name: [tensors]}`` (every parameter in at most one);
     :meth:`step` with ``part=name`` updates only that group, as the authors' separate

@@ -1,6 +1,7 @@
 """Training ``E`` seeds as one ensemble, with per-member divergence handling and model selection.
 
-:func:`train_ensemble` is the toolkit's one training loop, for the arithmetic tasks (MSE on
+:func:`train_ensemble` (a thin front to :class:`EnsembleTraining`, whose options
+:class:`TrainOptions` groups by concern) is the toolkit's one training loop, for the arithmetic tasks (MSE on
 ``batch_fn`` batches, validation on an :class:`EvalSet`) and the sequence tasks (any per-member
 loss from ``step_loss``, validation from ``validate``) alike. It runs Adam
 (:class:`~.optim.FlatAdam`; iNALU: its published RMSProp, :class:`~.optim.FlatRMSProp`) on the sum
@@ -33,7 +34,8 @@ from ..registry import Context
 from .optim import FlatAdam
 
 __all__ = ["EvalSet", "TrainResult", "train_ensemble", "evaluate_mse", "progress_bar", "BestState",
-           "generator_state"]
+           "generator_state", "EnsembleTraining", "TrainOptions", "DataOptions", "EvalOptions", "OptimOptions",
+           "UnitHooks", "StepOptions"]
 
 
 def progress_bar(total: int, desc: str, enabled: bool, initial: int = 0):
@@ -213,6 +215,426 @@ def checked_checkpoint(ck: Dict[str, Any], like: Dict[str, Any], steps: int, ser
     return ck
 
 
+# ------------------------------------------------------------------------------------------------
+# The training loop: its options grouped by concern, and the loop itself as an object with hooks
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DataOptions:
+    """Where the training loss comes from: exactly one of ``batch_fn(step) = (x, t)`` (the MSE of
+    the model, ``(E, B, ...) -> (E, B, 1)``, on it) and ``step_loss(step)`` (any per-member loss
+    ``(E,)``; it must not call backward). ``stream_state`` = (get, set) of the data stream's state,
+    saved in checkpoints (for generators: :func:`generator_state`)."""
+
+    batch_fn: Optional[Callable[[Any], Tuple[Tensor, Tensor]]] = None
+    step_loss: Optional[Callable[[int], Tensor]] = None
+    stream_state: Optional[Tuple[Callable[[], Any], Callable[[Any], None]]] = None
+
+
+@dataclass
+class EvalOptions:
+    """Evaluation every ``eval_every`` steps (and at the last). The validation loss, which drives
+    model selection: the MSE on ``val`` or ``validate()`` (under ``no_grad``; exactly one of the two).
+    ``tests`` are evaluated at the same steps (history only); ``on_eval(step)`` adds series of its own
+    (see :attr:`TrainResult.curves`). ``threshold`` ``(E,)`` with ``solved_on`` (a test name) gives
+    ``solved_at``. ``restore_best``: end with each member's best-validation parameters loaded (else
+    they are in ``best_state``)."""
+
+    val: Optional[EvalSet] = None
+    validate: Optional[Callable[[], Tensor]] = None
+    tests: Sequence[EvalSet] = ()
+    on_eval: Optional[Callable[[int], Dict[str, List[Any]]]] = None
+    eval_every: int = 1000
+    threshold: Optional[Tensor] = None
+    solved_on: Optional[str] = None
+    restore_best: bool = False
+
+
+@dataclass
+class OptimOptions:
+    """The optimiser. ``optimizer``: an optimiser over the model's parameters (a :class:`FlatAdam`
+    or subclass: parameter groups, learning rates per member), or a factory
+    ``optimizer(params, lr, ensemble=E, clip=clip)`` (iNALU: :class:`~.optim.FlatRMSProp`), or None
+    for ``FlatAdam`` with ``lr`` and ``clip`` (per-member gradient-norm clipping; a given optimiser
+    has its own, so ``clip`` must then be None). ``lr_milestones``: fractions of the steps after
+    which the learning rate is multiplied by ``lr_gamma`` (none: constant, the published protocol)."""
+
+    optimizer: Any = None
+    lr: float = 1e-3
+    clip: Optional[float] = None
+    lr_milestones: Sequence[float] = ()
+    lr_gamma: float = 0.1
+
+
+@dataclass
+class UnitHooks:
+    """The extras some units need (see :class:`~.arithmetic_models.ArithmeticUnit` and
+    :func:`~.arithmetic_models.training_hooks`).
+
+    ``regularizer(step, loss)``: a per-member penalty ``(E,)`` added to each member's training loss
+    (not to the reported losses), or None when its weight is 0 at that step. ``regularizer_steps``:
+    names of the optimiser's parts (:class:`~.optim.FlatRMSProp`); the penalty is then not added to
+    the loss but, after each step, minimised on its own in one extra step per part, in that order, by
+    the members whose penalty is not zero (iNALU's published runs: the weights, then the gate).
+    ``project()`` runs after every optimiser step, under ``no_grad`` (e.g. to clamp weights into
+    their range). ``clip_value`` clips every gradient element to ``[-clip_value, clip_value]`` (the
+    penalty steps' too). ``reinit(members, step)`` re-draws the parameters of the members whose
+    training loss stalled (iNALU's rule, :func:`nalu_cuda.regularizers.inalu_stalled`, applied at
+    each evaluation to the mean losses of the evaluation windows since the member's last
+    re-initialisation, over at least ``stall_min_steps`` steps); their moments restart at 0."""
+
+    regularizer: Optional[Callable[[Optional[int], Tensor], Optional[Tensor]]] = None
+    regularizer_steps: Sequence[str] = ()
+    project: Optional[Callable[[], None]] = None
+    clip_value: Optional[float] = None
+    reinit: Optional[Callable[[List[int], int], None]] = None
+    stall_min_steps: int = 10_000
+
+
+@dataclass
+class StepOptions:
+    """``resident``: the device-resident step (:class:`_ResidentStep`): ``batch_fn`` gets the step
+    as a 0-dim int64 tensor on the training device (e.g. :class:`~.counter_stream.CounterStream`),
+    and nothing is read back to the host between evaluations (divergence flags, the loss sums and the
+    Adam step count stay on the device; a member is frozen from its first non-finite step). With
+    ``graph`` on a CUDA device, the step is captured once in a CUDA graph (after three warm-up steps
+    on a side stream) and replayed; ``graph`` needs ``resident`` and no ``regularizer``,
+    ``lr_milestones`` or ``reinit`` (host-side schedules would be frozen into the graph)."""
+
+    resident: bool = False
+    graph: bool = False
+
+
+@dataclass
+class TrainOptions:
+    """Everything :class:`EnsembleTraining` takes besides the model, ``E`` and the step count."""
+
+    data: DataOptions = field(default_factory=DataOptions)
+    evaluation: EvalOptions = field(default_factory=EvalOptions)
+    optim: OptimOptions = field(default_factory=OptimOptions)
+    units: UnitHooks = field(default_factory=UnitHooks)
+    step: StepOptions = field(default_factory=StepOptions)
+    ctx: Optional[Context] = None
+    desc: str = "train"
+
+    def check(self) -> None:
+        """A ``ValueError`` for options that do not go together."""
+        d, ev, u, s = self.data, self.evaluation, self.units, self.step
+        if (d.batch_fn is None) == (d.step_loss is None):
+            raise ValueError("train_ensemble: give exactly one of batch_fn and step_loss")
+        if (ev.val is None) == (ev.validate is None):
+            raise ValueError("train_ensemble: give exactly one of val and validate")
+        if s.resident and d.batch_fn is None:
+            raise ValueError("train_ensemble: resident=True needs batch_fn (drawing from the step tensor)")
+        if s.graph and not s.resident:
+            raise ValueError("train_ensemble: graph=True needs resident=True")
+        if s.graph and (u.regularizer is not None or self.optim.lr_milestones or u.reinit is not None):
+            raise ValueError("train_ensemble: graph=True cannot take a regularizer, lr_milestones or reinit (host-side "
+                             "schedules and re-initialisation); run with graph=False")
+        if u.regularizer_steps and s.graph:
+            raise ValueError("train_ensemble: regularizer_steps cannot run under graph=True (they read the penalty on "
+                             "the host)")
+
+
+def _is_optimizer(obj: Any) -> bool:
+    """An optimiser instance (as opposed to a factory of one)."""
+    return obj is not None and hasattr(obj, "step_ensemble")
+
+
+class EnsembleTraining:
+    """The training loop of :func:`train_ensemble`: ``EnsembleTraining(model, E, steps, options).run()``.
+
+    Adam (or the given optimiser) on the sum of the members' losses. Per member: divergence (a
+    member whose loss or gradients go NaN/Inf is marked diverged, its gradients zeroed from then on
+    and its moments reset at the next evaluation), model selection on validation data
+    (:class:`BestState`), "solved at", and checkpoints through ``ctx`` (every
+    ``ctx.checkpoint_every_s`` seconds, at evaluation steps) from which a new instance resumes bit
+    for bit. The construction builds the optimiser and loads a checkpoint if ``ctx`` has one.
+
+    Hooks a subclass may override (the defaults run :class:`UnitHooks`): :meth:`training_loss`,
+    :meth:`loss_penalty`, :meth:`clip_gradients`, :meth:`after_step`, :meth:`stalled_members`.
+    """
+
+    def __init__(self, model: nn.Module, E: int, steps: int, options: TrainOptions) -> None:
+        options.check()
+        self.model, self.E, self.steps, self.options = model, E, steps, options
+        self.ctx = options.ctx or Context(device="cpu", work_dir=".", progress=False)
+        self.opt = self._build_optimizer()
+        self.base_lr = self.opt.lr
+        self.val_name = options.evaluation.val.name if options.evaluation.val is not None else "val_loss"
+        self.dev = self.opt.params[0].device
+        self._init_state()
+        self._resume()
+
+    # -- set-up ------------------------------------------------------------------------------------
+
+    def _build_optimizer(self) -> FlatAdam:
+        o, u = self.options.optim, self.options.units
+        if _is_optimizer(o.optimizer):
+            if o.clip is not None:
+                raise ValueError("train_ensemble: clip is the optimiser's (FlatAdam(clip=...)) when an optimiser "
+                                 "instance is given (optimizer=, or its alias opt=)")
+            opt = o.optimizer
+        else:
+            opt = (o.optimizer or FlatAdam)(self.model.parameters(), o.lr, ensemble=self.E, clip=o.clip)
+        parts = getattr(opt, "part_masks", {})
+        if any(part not in parts for part in u.regularizer_steps):
+            raise ValueError(f"train_ensemble: regularizer_steps {tuple(u.regularizer_steps)} must name parts of the "
+                             f"optimiser (FlatRMSProp(parts=...)); it has {sorted(parts) or 'none'}")
+        return opt
+
+    def _init_state(self) -> None:
+        E, dev = self.E, self.dev
+        # Per-member flags on the training device (no host sync per step); statistics on the host.
+        self.diverged = torch.zeros(E, dtype=torch.bool, device=dev)
+        self.no_member = torch.zeros(E, dtype=torch.bool, device=dev)
+        self.any_diverged = False
+        self.best = BestState(self.model, E, dtype=torch.float64)
+        self.solved_at = torch.full((E,), -1, dtype=torch.long)
+        self.history: Dict[str, List[List[float]]] = {"loss": [], self.val_name: []}
+        for t in self.options.evaluation.tests:
+            self.history[t.name] = []
+        self.start = 0
+        self.loss_acc = torch.zeros(E, dtype=torch.float64, device=dev)
+        self.loss_n = 0
+        self.final_loss = torch.full((E,), math.nan, dtype=torch.float64)
+        self.wall_before = 0.0
+        self.t0 = time.perf_counter()
+
+    def saved_state(self, step: int, wall_s: float) -> Dict[str, Any]:
+        """What a checkpoint holds (and what one read back is checked against)."""
+        stream = self.options.data.stream_state
+        return {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "diverged": self.diverged.cpu(),
+                "best": self.best.state_dict(), "solved_at": self.solved_at, "history": self.history, "step": step,
+                "final_loss": self.final_loss, "wall_s": wall_s,
+                "stream": stream[0]() if stream is not None else None}
+
+    def _resume(self) -> None:
+        ck = self.ctx.load_checkpoint()
+        if ck is None:
+            return
+        series = [self.val_name, *(t.name for t in self.options.evaluation.tests)]
+        ck = checked_checkpoint(ck, self.saved_state(0, 0.0), self.steps, series)
+        self.model.load_state_dict(ck["model"])
+        self.opt.load_state_dict(ck["opt"])
+        self.diverged = ck["diverged"].to(self.dev)
+        self.best.load_state_dict(ck["best"])
+        self.solved_at = ck["solved_at"]
+        self.history, self.start = dict(ck["history"]), ck["step"]  # a plain dict: saved again in the next checkpoint
+        self.final_loss, self.wall_before = ck["final_loss"], ck.get("wall_s", 0.0)
+        if self.options.data.stream_state is not None:
+            self.options.data.stream_state[1](ck["stream"])
+        self.any_diverged = bool(self.diverged.any())
+        self.ctx.log(f"{self.options.desc}: resumed at step {self.start}")
+
+    # -- evaluation, checkpoints, re-initialisation -----------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> None:
+        """Record the validation, test and ``on_eval`` series at ``step``; update the per-member best
+        state and "solved at"; freeze the members known to have diverged."""
+        self.model.eval()
+        v, test_vals = self._record_series(step)
+        self.model.train()
+        div = self.diverged.cpu()
+        self.best.update(v, step, eligible=~div)
+        ev = self.options.evaluation
+        if ev.threshold is not None and ev.solved_on is not None:
+            tv = test_vals[ev.solved_on]
+            newly = (self.solved_at < 0) & torch.isfinite(tv) & (tv < ev.threshold) & ~div
+            self.solved_at = torch.where(newly, torch.full_like(self.solved_at, step), self.solved_at)
+        self.any_diverged = bool(div.any())
+        if self.any_diverged:  # freeze diverged members: no momentum left to move them
+            self.opt.reset_moments(self.diverged)
+
+    def _record_series(self, step: int) -> Tuple[Tensor, Dict[str, Tensor]]:
+        """The validation losses ``(E,)`` and the test MSEs by name, all appended to the history."""
+        ev, history, E = self.options.evaluation, self.history, self.E
+        v = evaluate_mse(self.model, ev.val, E) if ev.val is not None else ev.validate().detach().double().cpu()
+        history[self.val_name].append([step] + v.tolist())
+        test_vals = {}
+        for t in ev.tests:
+            tv = evaluate_mse(self.model, t, E)
+            test_vals[t.name] = tv
+            history[t.name].append([step] + tv.tolist())
+        if ev.on_eval is not None:
+            for name, series in ev.on_eval(step).items():
+                if name not in history:
+                    history[name] = []
+                    history.setdefault("_on_eval", []).append(name)
+                history[name].append([step] + list(series))
+        return v, test_vals
+
+    def checkpoint(self, step: int) -> None:
+        self.ctx.save_checkpoint(self.saved_state(step, self.wall_before + time.perf_counter() - self.t0))
+
+    def stalled_members(self, step: int) -> None:
+        """iNALU's re-initialisation of the members whose loss windows since their last one stalled."""
+        from nalu_cuda.regularizers import inalu_stalled
+
+        u, E, history = self.options.units, self.E, self.history
+        since = history.setdefault("reinit", [[0] * E])[-1]
+        min_windows = max(1, u.stall_min_steps // self.options.evaluation.eval_every)
+        div = self.diverged.cpu()
+        members = [e for e in range(E) if not bool(div[e]) and inalu_stalled(
+            [row[1 + e] for row in history["loss"] if row[0] > since[e]], min_count=min_windows)]
+        if members:
+            u.reinit(members, step)
+            self.opt.reset_moments(members)
+            history["reinit"].append([step if e in members else since[e] for e in range(E)])
+
+    # -- one training step --------------------------------------------------------------------------
+
+    def _mse(self, batch: Tuple[Tensor, Tensor]) -> Tensor:
+        x, target = batch
+        err = (self.model(x) - target).reshape(self.E, -1)
+        return (err * err).mean(1)
+
+    def training_loss(self, step: int) -> Tensor:
+        """The per-member training loss ``(E,)`` of ``step`` (eager path)."""
+        data = self.options.data
+        if data.step_loss is not None:
+            return data.step_loss(step)
+        return self._mse(data.batch_fn(step))
+
+    def loss_penalty(self, step: Optional[int], loss: Tensor) -> Optional[Tensor]:
+        """Hook: the penalty added to the objective (the regulariser, unless it has steps of its own)."""
+        u = self.options.units
+        if u.regularizer is None or u.regularizer_steps:
+            return None
+        return u.regularizer(step, loss)
+
+    def _objective(self, step: Optional[int], loss: Tensor) -> Tensor:
+        penalty = self.loss_penalty(step, loss.detach())
+        return loss if penalty is None else loss + penalty
+
+    def clip_gradients(self) -> None:
+        """Hook: clip the optimiser's gradient buffer by value (``clip_value``)."""
+        clip_value = self.options.units.clip_value
+        if clip_value is not None:
+            self.opt.grad.clamp_(-clip_value, clip_value)
+
+    def gradients(self, total: Tensor) -> None:
+        """The gradient of ``total`` in the optimiser's buffer, clipped by value."""
+        self.opt.zero_grad()
+        total.backward()
+        self.opt.gather_grads()
+        self.clip_gradients()
+
+    def penalty_steps(self, step: Optional[int], loss: Tensor) -> None:
+        """``regularizer_steps``: one step per part on the penalty alone, for the members it applies to."""
+        u = self.options.units
+        for part in u.regularizer_steps:
+            penalty = u.regularizer(step, loss)
+            if penalty is None:
+                return
+            active = (penalty.detach() != 0) & torch.isfinite(penalty.detach()) & ~self.diverged
+            if not bool(active.any()):
+                return
+            self.gradients(torch.where(active, penalty, torch.zeros_like(penalty)).sum())
+            self.opt.step(part=part, members=active)
+
+    def after_step(self, step: Optional[int], loss: Tensor) -> None:
+        """Hook after each optimiser step: the penalty's own steps, ``project()``, the loss sums."""
+        u = self.options.units
+        if u.regularizer is not None and u.regularizer_steps:
+            self.penalty_steps(step, loss.detach())
+        if u.project is not None:
+            with torch.no_grad():
+                u.project()
+        self.loss_acc.add_(loss.detach().double())
+
+    def eager_step(self, step: int) -> None:
+        """One step (the default path, bit for bit the published runs')."""
+        loss = self.training_loss(step)
+        objective = self._objective(step, loss)
+        self.diverged |= ~torch.isfinite(objective.detach())
+        self.gradients(torch.where(self.diverged, torch.zeros_like(objective), objective).sum())
+        # Diverged members are frozen once known at an evaluation (any_diverged); from then on,
+        # so is every member that goes NaN/Inf, from its first bad step.
+        frozen = self.diverged if self.any_diverged else self.no_member
+        self.diverged |= self.opt.step_ensemble(frozen, freeze_nonfinite=self.any_diverged)
+        self.after_step(step, loss)
+
+    def resident_step(self, step: Optional[int]) -> None:
+        """One step with no host round trip (see :class:`StepOptions`); ``step`` is None under a graph."""
+        loss = self._mse(self.options.data.batch_fn(self.data_step))
+        objective = self._objective(step, loss)
+        self.diverged.bitwise_or_(~torch.isfinite(objective.detach()))
+        total = torch.where(self.diverged, torch.zeros_like(objective), objective).sum()
+        self.opt.zero_grad()
+        total.backward()
+        self.clip_gradients()
+        self.diverged.bitwise_or_(self.opt.step_resident(self.diverged))
+        self.after_step(step, loss)
+        self.data_step.add_(1)
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def _step_runner(self) -> Callable[[int], None]:
+        s = self.options.step
+        if not s.resident:
+            return self.eager_step
+        self.data_step = torch.full((), self.start + 1, dtype=torch.int64, device=self.dev)
+        return _ResidentStep(self.resident_step, s.graph and self.dev.type == "cuda")
+
+    def end_window(self, step: int) -> None:
+        """At an evaluation step: the window's mean losses, re-initialisation, evaluation."""
+        self.final_loss = (self.loss_acc / max(1, self.loss_n)).cpu()
+        self.loss_acc.zero_()
+        self.loss_n = 0
+        self.history["loss"].append([step] + self.final_loss.tolist())
+        if self.options.units.reinit is not None:
+            self.stalled_members(step)
+        self.evaluate(step)
+
+    def _show(self, bar) -> None:
+        fl = self.final_loss[torch.isfinite(self.final_loss) & ~self.diverged.cpu()]
+        ev = self.options.evaluation
+        # solved= only where the experiment has a success criterion (a threshold to solve)
+        shown = {} if ev.threshold is None or ev.solved_on is None else {"solved": int((self.solved_at >= 0).sum())}
+        bar.set_postfix(loss=f"{fl.median().item():.3g}" if fl.numel() else "nan",
+                        **shown, div=int(self.diverged.sum()), refresh=False)
+
+    def run(self) -> TrainResult:
+        """Train from the start (or the checkpoint) to ``steps``; the per-member results."""
+        o, steps = self.options, self.steps
+        self.t0 = time.perf_counter()
+        last_ck = time.monotonic()
+        runner = self._step_runner()
+        self.model.train()
+        if self.start == 0:
+            self.evaluate(0)
+        bar = progress_bar(steps, o.desc, self.ctx.progress, initial=self.start)
+        try:
+            bounds = sorted(int(round(f * steps)) for f in o.optim.lr_milestones)
+            for step in range(self.start + 1, steps + 1):
+                if bounds:
+                    self.opt.lr = self.base_lr * o.optim.lr_gamma ** sum(step > b for b in bounds)
+                runner(step)
+                self.loss_n += 1
+                if step % o.evaluation.eval_every == 0 or step == steps:
+                    self.end_window(step)
+                    self._show(bar)
+                    if step < steps and time.monotonic() - last_ck >= self.ctx.checkpoint_every_s:
+                        self.checkpoint(step)
+                        last_ck = time.monotonic()
+                bar.update(1)
+        finally:
+            bar.close()
+        return self._result()
+
+    def _result(self) -> TrainResult:
+        if self.options.evaluation.restore_best:
+            self.best.restore()
+            self.model.eval()
+        return TrainResult(steps=self.steps, best_step=self.best.best_step, best_val=self.best.best,
+                           diverged=self.diverged.cpu().clone(), solved_at=self.solved_at, final_loss=self.final_loss,
+                           history=self.history, wall_s=self.wall_before + time.perf_counter() - self.t0,
+                           best_state=self.best.saved, val_name=self.val_name)
+
+
 def train_ensemble(
     model: nn.Module,
     E: int,
@@ -243,276 +665,38 @@ def train_ensemble(
     stall_min_steps: int = 10_000,
     resident: bool = False,
     graph: bool = False,
-    optimizer: Optional[Callable[..., FlatAdam]] = None,
+    optimizer: Optional[Any] = None,
     regularizer_steps: Sequence[str] = (),
 ) -> TrainResult:
-    """Train the ensemble ``model`` for ``steps`` Adam steps.
+    """Train the ensemble ``model`` for ``steps`` steps: :class:`EnsembleTraining` with these options.
 
-    The training loss, per member ``(E,)``: the MSE of ``model`` (``(E, B, ...) -> (E, B, 1)``) on
-    ``batch_fn(step) = (x, t)``, or ``step_loss(step)`` (any per-member loss; it must not call
-    backward). The validation loss, which drives model selection: the MSE on ``val`` (an
-    :class:`EvalSet`), or ``validate()`` (run under ``no_grad``). ``tests`` are evaluated at the
-    same steps (history only); ``on_eval(step)`` adds series of its own to the history (see
-    :attr:`TrainResult.curves`). ``threshold`` ``(E,)`` with ``solved_on`` (a test name) gives
-    ``solved_at``. ``stream_state`` = (get, set) of the data stream's state (for generators:
-    :func:`generator_state`), saved in checkpoints. ``opt``: a :class:`FlatAdam` over ``model``'s
-    parameters (parameter groups, learning rates per member); by default one with ``lr`` and
-    ``clip`` (per-member gradient-norm clipping). ``lr_milestones``: fractions of ``steps`` after
-    which the learning rate is multiplied by ``lr_gamma`` (none: constant, the published
-    protocol). ``restore_best``: end with each member's best-validation parameters loaded (else
-    they are in ``best_state``).
+    The options, by concern (each documented on its group): the data (:class:`DataOptions`:
+    ``batch_fn``, ``step_loss``, ``stream_state``), evaluation and model selection
+    (:class:`EvalOptions`: ``val``, ``validate``, ``tests``, ``on_eval``, ``eval_every``,
+    ``threshold``, ``solved_on``, ``restore_best``), the optimiser (:class:`OptimOptions`:
+    ``optimizer``, ``lr``, ``clip``, ``lr_milestones``, ``lr_gamma``), the units' extras
+    (:class:`UnitHooks`: ``regularizer``, ``regularizer_steps``, ``project``, ``clip_value``,
+    ``reinit``, ``stall_min_steps``), the step (:class:`StepOptions`: ``resident``, ``graph``), and
+    ``ctx`` (checkpoints, progress) and ``desc`` (the progress bar's label).
 
-    Hooks for units that need them (see :class:`~.arithmetic_models.ArithmeticUnit` and
-    :func:`~.arithmetic_models.training_hooks`): ``regularizer(step, loss)`` gives a per-member
-    penalty ``(E,)`` added to each member's training loss (not to the reported losses), or None
-    when its weight is 0 at that step; ``project()`` runs after every optimiser step, under
-    ``no_grad`` (e.g. to clamp weights into their range); ``clip_value`` clips every gradient
-    element to ``[-clip_value, clip_value]``; ``reinit(members, step)`` re-draws the parameters of
-    the members whose training loss stalled (iNALU's rule, :func:`nalu_cuda.regularizers.inalu_stalled`,
-    applied at each evaluation to the mean losses of the evaluation windows since the member's last
-    re-initialisation, over at least ``stall_min_steps`` steps); their Adam moments restart at 0.
-    ``optimizer(params, lr, ensemble=E, clip=clip)`` builds the optimiser when ``opt`` is not given
-    (default :class:`FlatAdam`; iNALU: :class:`~.optim.FlatRMSProp`). ``regularizer_steps``: names
-    of the optimiser's parts (:class:`~.optim.FlatRMSProp`); the penalty is then not added to the
-    training loss but, after each step, minimised on its own in one extra step per part, in that
-    order, by the members whose penalty is not zero (iNALU's published runs: the weights, then the
-    gate; clipping by ``clip_value`` applies to them too).
-
-    ``resident``: the device-resident step (:class:`_ResidentStep`): ``batch_fn`` gets the step as a
-    0-dim int64 tensor on the training device (e.g. :class:`~.counter_stream.CounterStream`), and
-    nothing is read back to the host between evaluations (divergence flags, the loss sums and the
-    Adam step count stay on the device; a member is frozen from its first non-finite step). With
-    ``graph`` on a CUDA device, the step is captured once in a CUDA graph (after three warm-up
-    steps on a side stream) and replayed; ``graph`` needs ``resident`` and no ``regularizer``,
-    ``lr_milestones`` or ``reinit`` (host-side schedules would be frozen into the graph).
+    ``optimizer`` is the documented name for the optimiser: an instance (e.g. a :class:`FlatAdam`
+    with per-member learning rates) or a factory ``optimizer(params, lr, ensemble=E, clip=clip)``.
+    ``opt`` is its older alias, kept for compatibility: ``opt=X`` is ``optimizer=X`` for an
+    instance ``X``; where both are given, ``opt`` is the optimiser and a factory in ``optimizer``
+    is not used (as before the alias), while two instances are an error.
     """
-    if (batch_fn is None) == (step_loss is None):
-        raise ValueError("train_ensemble: give exactly one of batch_fn and step_loss")
-    if (val is None) == (validate is None):
-        raise ValueError("train_ensemble: give exactly one of val and validate")
-    if resident and batch_fn is None:
-        raise ValueError("train_ensemble: resident=True needs batch_fn (drawing from the step tensor)")
-    if graph and not resident:
-        raise ValueError("train_ensemble: graph=True needs resident=True")
-    if graph and (regularizer is not None or lr_milestones or reinit is not None):
-        raise ValueError("train_ensemble: graph=True cannot take a regularizer, lr_milestones or reinit (host-side "
-                         "schedules and re-initialisation); run with graph=False")
-    if regularizer_steps and graph:
-        raise ValueError("train_ensemble: regularizer_steps cannot run under graph=True (they read the penalty on the host)")
-    ctx = ctx or Context(device="cpu", work_dir=".", progress=False)
-    if opt is None:
-        opt = (optimizer or FlatAdam)(model.parameters(), lr, ensemble=E, clip=clip)
-    elif clip is not None:
-        raise ValueError("train_ensemble: clip is the optimiser's (FlatAdam(clip=...)) when opt is given")
-    parts = getattr(opt, "part_masks", {})
-    if any(part not in parts for part in regularizer_steps):
-        raise ValueError(f"train_ensemble: regularizer_steps {tuple(regularizer_steps)} must name parts of the optimiser "
-                         f"(FlatRMSProp(parts=...)); it has {sorted(parts) or 'none'}")
-    base_lr = opt.lr
-    params = opt.params
-    val_name = val.name if val is not None else "val_loss"
-    any_diverged = False
-    dev = params[0].device
-    # Per-member flags on the training device (no host sync per step); statistics on the host.
-    diverged = torch.zeros(E, dtype=torch.bool, device=dev)
-    no_member = torch.zeros(E, dtype=torch.bool, device=dev)
-    best = BestState(model, E, dtype=torch.float64)
-    solved_at = torch.full((E,), -1, dtype=torch.long)
-    history: Dict[str, List[List[float]]] = {"loss": [], val_name: []}
-    for t in tests:
-        history[t.name] = []
-    start = 0
-    loss_acc = torch.zeros(E, dtype=torch.float64, device=dev)
-    loss_n = 0
-    final_loss = torch.full((E,), math.nan, dtype=torch.float64)
-    wall_before = 0.0
-
-    def saved_state(step: int, wall_s: float) -> Dict[str, Any]:
-        """What a checkpoint holds (and what one read back is checked against)."""
-        return {"model": model.state_dict(), "opt": opt.state_dict(), "diverged": diverged.cpu(),
-                "best": best.state_dict(), "solved_at": solved_at, "history": history, "step": step,
-                "final_loss": final_loss, "wall_s": wall_s,
-                "stream": stream_state[0]() if stream_state is not None else None}
-
-    ck = ctx.load_checkpoint()
-    if ck is not None:
-        ck = checked_checkpoint(ck, saved_state(0, 0.0), steps, [val_name, *(t.name for t in tests)])
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        diverged = ck["diverged"].to(dev)
-        best.load_state_dict(ck["best"])
-        solved_at = ck["solved_at"]
-        history, start = dict(ck["history"]), ck["step"]  # a plain dict: saved again in the next checkpoint
-        final_loss, wall_before = ck["final_loss"], ck.get("wall_s", 0.0)
-        if stream_state is not None:
-            stream_state[1](ck["stream"])
-        any_diverged = bool(diverged.any())
-        ctx.log(f"{desc}: resumed at step {start}")
-
-    t0 = time.perf_counter()
-    last_ck = time.monotonic()
-
-    @torch.no_grad()
-    def evaluate(step: int) -> None:
-        nonlocal solved_at, any_diverged
-        model.eval()
-        v = evaluate_mse(model, val, E) if val is not None else validate().detach().double().cpu()
-        history[val_name].append([step] + v.tolist())
-        test_vals = {}
-        for t in tests:
-            tv = evaluate_mse(model, t, E)
-            test_vals[t.name] = tv
-            history[t.name].append([step] + tv.tolist())
-        if on_eval is not None:
-            for name, series in on_eval(step).items():
-                if name not in history:
-                    history[name] = []
-                    history.setdefault("_on_eval", []).append(name)
-                history[name].append([step] + list(series))
-        model.train()
-        div = diverged.cpu()
-        best.update(v, step, eligible=~div)
-        if threshold is not None and solved_on is not None:
-            tv = test_vals[solved_on]
-            newly = (solved_at < 0) & torch.isfinite(tv) & (tv < threshold) & ~div
-            solved_at = torch.where(newly, torch.full_like(solved_at, step), solved_at)
-        any_diverged = bool(div.any())
-        if any_diverged:  # freeze diverged members: no momentum left to move them
-            opt.reset_moments(diverged)
-
-    def checkpoint(step: int) -> None:
-        ctx.save_checkpoint(saved_state(step, wall_before + time.perf_counter() - t0))
-
-    def stalled_members(step: int) -> None:
-        """iNALU's re-initialisation of the members whose loss windows since their last one stalled."""
-        from nalu_cuda.regularizers import inalu_stalled
-
-        since = history.setdefault("reinit", [[0] * E])[-1]
-        min_windows = max(1, stall_min_steps // eval_every)
-        div = diverged.cpu()
-        members = [e for e in range(E) if not bool(div[e]) and inalu_stalled(
-            [row[1 + e] for row in history["loss"] if row[0] > since[e]], min_count=min_windows)]
-        if members:
-            reinit(members, step)
-            opt.reset_moments(members)
-            history["reinit"].append([step if e in members else since[e] for e in range(E)])
-
-    def training_loss(step: int) -> Tensor:
-        if step_loss is not None:
-            return step_loss(step)
-        x, target = batch_fn(step)
-        err = (model(x) - target).reshape(E, -1)
-        return (err * err).mean(1)
-
-    # The regulariser is added to the training loss, or (regularizer_steps) minimised in steps of its own.
-    loss_penalty = None if regularizer_steps else regularizer
-    step_penalty = regularizer if regularizer_steps else None
-
-    def gradients(total: Tensor) -> None:
-        """The gradient of ``total`` in the optimiser's buffer, clipped by value."""
-        opt.zero_grad()
-        total.backward()
-        opt.gather_grads()
-        if clip_value is not None:
-            opt.grad.clamp_(-clip_value, clip_value)
-
-    def penalty_steps(step: int, loss: Tensor) -> None:
-        """``regularizer_steps``: one step per part on the penalty alone, for the members it applies to."""
-        for part in regularizer_steps:
-            penalty = step_penalty(step, loss)
-            if penalty is None:
-                return
-            active = (penalty.detach() != 0) & torch.isfinite(penalty.detach()) & ~diverged
-            if not bool(active.any()):
-                return
-            gradients(torch.where(active, penalty, torch.zeros_like(penalty)).sum())
-            opt.step(part=part, members=active)
-
-    def _eager_step(step: int) -> None:
-        """One step (the default path, bit for bit the published runs')."""
-        nonlocal diverged
-        loss = training_loss(step)
-        penalty = None if loss_penalty is None else loss_penalty(step, loss.detach())
-        objective = loss if penalty is None else loss + penalty
-        bad = ~torch.isfinite(objective.detach())
-        diverged |= bad
-        gradients(torch.where(diverged, torch.zeros_like(objective), objective).sum())
-        # Diverged members are frozen once known at an evaluation (any_diverged); from then on,
-        # so is every member that goes NaN/Inf, from its first bad step.
-        frozen = diverged if any_diverged else no_member
-        diverged |= opt.step_ensemble(frozen, freeze_nonfinite=any_diverged)
-        if step_penalty is not None:
-            penalty_steps(step, loss.detach())
-        if project is not None:
-            with torch.no_grad():
-                project()
-        loss_acc.add_(loss.detach().double())
-
-    def resident_step(step: Optional[int]) -> None:
-        """One step with no host round trip (see ``resident``); ``step`` is None under a graph."""
-        x, target = batch_fn(data_step)
-        err = (model(x) - target).reshape(E, -1)
-        loss = (err * err).mean(1)
-        penalty = None if loss_penalty is None else loss_penalty(step, loss.detach())
-        objective = loss if penalty is None else loss + penalty
-        diverged.bitwise_or_(~torch.isfinite(objective.detach()))
-        total = torch.where(diverged, torch.zeros_like(objective), objective).sum()
-        opt.zero_grad()
-        total.backward()
-        if clip_value is not None:
-            opt.grad.clamp_(-clip_value, clip_value)
-        diverged.bitwise_or_(opt.step_resident(diverged))
-        if step_penalty is not None:
-            penalty_steps(step, loss.detach())
-        if project is not None:
-            with torch.no_grad():
-                project()
-        loss_acc.add_(loss.detach().double())
-        data_step.add_(1)
-
-    if resident:
-        data_step = torch.full((), start + 1, dtype=torch.int64, device=dev)
-        runner = _ResidentStep(resident_step, graph and dev.type == "cuda")
-
-    model.train()
-    if start == 0:
-        evaluate(0)
-    bar = progress_bar(steps, desc, ctx.progress, initial=start)
-    try:
-        bounds = sorted(int(round(f * steps)) for f in lr_milestones)
-        for step in range(start + 1, steps + 1):
-            if bounds:
-                opt.lr = base_lr * lr_gamma ** sum(step > b for b in bounds)
-            if resident:
-                runner(step)
-            else:
-                _eager_step(step)
-            loss_n += 1
-            if step % eval_every == 0 or step == steps:
-                final_loss = (loss_acc / max(1, loss_n)).cpu()
-                loss_acc.zero_()
-                loss_n = 0
-                history["loss"].append([step] + final_loss.tolist())
-                if reinit is not None:
-                    stalled_members(step)
-                evaluate(step)
-                fl = final_loss[torch.isfinite(final_loss) & ~diverged.cpu()]
-                # solved= only where the experiment has a success criterion (a threshold to solve)
-                shown = {} if threshold is None or solved_on is None else {"solved": int((solved_at >= 0).sum())}
-                bar.set_postfix(loss=f"{fl.median().item():.3g}" if fl.numel() else "nan",
-                                **shown, div=int(diverged.sum()), refresh=False)
-                if step < steps and time.monotonic() - last_ck >= ctx.checkpoint_every_s:
-                    checkpoint(step)
-                    last_ck = time.monotonic()
-            bar.update(1)
-    finally:
-        bar.close()
-    if restore_best:
-        best.restore()
-        model.eval()
-    return TrainResult(steps=steps, best_step=best.best_step, best_val=best.best, diverged=diverged.cpu().clone(),
-                       solved_at=solved_at, final_loss=final_loss, history=history,
-                       wall_s=wall_before + time.perf_counter() - t0, best_state=best.saved, val_name=val_name)
+    if opt is not None and _is_optimizer(optimizer):
+        raise ValueError("train_ensemble: give the optimiser once, as optimizer= (opt= is its older alias)")
+    options = TrainOptions(
+        data=DataOptions(batch_fn=batch_fn, step_loss=step_loss, stream_state=stream_state),
+        evaluation=EvalOptions(val=val, validate=validate, tests=tests, on_eval=on_eval, eval_every=eval_every,
+                               threshold=threshold, solved_on=solved_on, restore_best=restore_best),
+        optim=OptimOptions(optimizer=opt if opt is not None else optimizer, lr=lr, clip=clip,
+                           lr_milestones=lr_milestones, lr_gamma=lr_gamma),
+        units=UnitHooks(regularizer=regularizer, regularizer_steps=regularizer_steps, project=project,
+                        clip_value=clip_value, reinit=reinit, stall_min_steps=stall_min_steps),
+        step=StepOptions(resident=resident, graph=graph), ctx=ctx, desc=desc)
+    return EnsembleTraining(model, E, steps, options).run()
 
 
 class _ResidentStep:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .arithmetic_data import Range, apply_op, canonical_op
+from .arithmetic_ops import Range, apply_op, canonical_op
 from .seeding import seed_for
 
 __all__ = ["UniformStream", "SumTargets"]

@@ -40,20 +40,20 @@ from torch import Tensor
 
 import nalu_cuda
 
-from ...cli import mnist_directory, phase_step_count, positive_int
+from ..argtypes import phase_step_count, positive_int
 from .. import registry
 from ..params import task_params
 from ..resources import FLOAT, Need, digit_images
 from ..parts.digit_sequences import MODELS, TASKS, DigitSequenceModel, fixed_sequences, pretrain_cnn, sequence_targets
 from ..parts.layers import ensemble_gather
-from ..parts.mnist_data import DigitImages, load_digit_images
+from ..parts.mnist_data import DigitImages, load_digit_images, mnist_directory
 from ..parts.optim import FlatAdam
 from ..parts.seeding import member_generators
 from ..parts.sequence_models import ARITHMETIC_KINDS
 from ..parts.training import generator_state, train_ensemble
 from ..plugin import (add_backend_argument, add_task_model_arguments, profile_entry, register_task, run_options,
                       run_setting, task_model_configs, task_model_options)
-from ..report import figure_lines, fmt_ci, fmt_num
+from ..report import figure_lines, fmt_ci, fmt_num, how_to_read, line_styles, plt as pyplot, save_figure
 from ..stats import interval_summary
 
 NAME = "digits"
@@ -325,8 +325,6 @@ def _verdict(by: Dict[str, registry.ConfigResult], task: str, lengths: Sequence[
 
 
 def _plot(results: Sequence[registry.ConfigResult], out_dir: str, lengths: Sequence[int]) -> Optional[str]:
-    from ..report import line_styles, plt as pyplot, save_figure
-
     try:
         plt = pyplot()
     except Exception:  # no matplotlib: the report goes without the figure
@@ -380,8 +378,6 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
     lengths = sorted({L for r in results for L in r.config.params.get("lengths", DEFAULT_LENGTHS)})
     train_len = int(results[0].config.params.get("train_length", DigitsParams.train_length))
     extra0 = results[0].extra or {}
-    from ..report import how_to_read
-
     lines = [CLAIM, ""]
     lines += how_to_read(
         f"images: {extra0.get('images', '?')} ({extra0.get('image_sizes', {})}); train length {train_len}; "
@@ -459,6 +455,6 @@ def memory_needs(config: registry.Config) -> List[Need]:
                  E * (p.pool * p.channels[0] * pix + p.batch * p.train_length * state) * FLOAT * 3)]
 
 
-EXPERIMENT = register_task(__name__, name=NAME, order=50, summarize=interval_summary,
+EXPERIMENT = register_task(__name__, name=NAME, order=50, summarize=interval_summary, cost_factor=50.0,
                            help="digit counting and addition over image sequences (Table 2): "
                                 "recurrent NAC/NALU vs LSTM/GRU")

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...cli import positive_float, positive_int
+from ..argtypes import positive_float, positive_int
 from .. import registry
 from ..params import task_params
 from ..resources import FLOAT, Need
@@ -52,8 +52,9 @@ from ..parts.gridworld_env import FRAME, GridWorldVectorEnv, render_frames, to_i
 from ..parts.seeding import member_generators
 from ..parts.training import generator_state, train_ensemble
 from ..plugin import add_backend_argument, add_subset_argument, run_options, run_setting, subset_option
-from ..report import md_table, plt, save_figure
+from ..report import how_to_read, md_table, plt, save_figure
 from ..stats import interval_summary
+from ..verdicts import published_budget, run_budget, verdict
 
 NAME = "gridworld"
 # ------------------------------------------------------------------------------------------------
@@ -330,9 +331,6 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
         return ""
     by = {r.extra.get("agent", r.config.name): r for r in results}
     c0 = results[0]
-    from ..report import how_to_read
-    from ..verdicts import published_budget, run_budget, verdict
-
     lines = ["## Grid-world time tracking (Fig. 5)", "", CLAIM, ""]
     envs = c0.config.params.get("envs", GridworldParams.envs)
     lines += how_to_read(

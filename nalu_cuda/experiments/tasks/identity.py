@@ -20,14 +20,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ...cli import finite_float, positive_float
+from ..argtypes import finite_float, positive_float
+from ..distributed import MLP_FACTOR
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_models import ACTIVATIONS, StackedNet, check_model, member_generators
 from ..parts.training import EvalSet, train_ensemble
 from ..parts.uniform_stream import UniformStream
 from ..plugin import register_task
 from ..registry import Config, ConfigResult, Context, RunOutput, default_summary
+from ..report import claim_row, fmt_num, fmt_rate, how_to_read, line_styles, md_table, plt, save_figure
 from ..resources import ADAM, FLOAT, Need
+from ..seed_blocks import concat, member_curve, total
 
 __all__ = ["EXPERIMENT", "identity_config", "run", "IDENTITY_MODELS"]
 
@@ -221,8 +224,6 @@ def mean_abs(lo: float, hi: float) -> float:
 
 
 def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
-    from ..report import claim_row, fmt_num, fmt_rate, how_to_read, md_table
-
     out = ["## Identity function (Trask et al. Fig. 1 and Table 5)", ""]
     if not results:
         return "\n".join(out)
@@ -306,8 +307,6 @@ def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
 
 
 def _plot_fig1(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]:
-    from ..report import line_styles, plt, save_figure
-
     pyplot = plt()
     fig, ax = pyplot.subplots(figsize=(8.5, 5.0))
     drawn = [r for r in results if r.extra.get("fig_x")]
@@ -345,4 +344,7 @@ def memory_needs(cfg: Config) -> List[Need]:
 
 EXPERIMENT = register_task(__name__, name="identity", order=10,
                            help="identity function: MLPs with many nonlinearities vs NAC/NALU on y = x "
-                                "(Fig. 1, Table 5)")
+                                "(Fig. 1, Table 5)",
+                           merges={"train_wall_s": total, "fig_abs_err": concat},
+                           derived_merges={"fig_abs_err_mean": ("fig_abs_err", member_curve(mean_abs_error_curve))},
+                           cost_factor=1.0, model_costs={a.replace("_", "-"): MLP_FACTOR for a in ACTIVATIONS})

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 import nalu_cuda
 
-from ...cli import comma_list, non_negative_int, positive_float, positive_int
+from ..argtypes import comma_list, non_negative_int, positive_float, positive_int
 from .. import registry
 from ..params import task_params
 from ..resources import ADAM, FLOAT, Need
@@ -44,8 +44,9 @@ from ..parts.sequence_models import EnsembleLSTM
 from ..parts.training import train_ensemble
 from ..plugin import (add_backend_argument, add_subset_argument, profile_entry, register_task, run_options,
                       run_setting, subset_option)
-from ..report import figure_lines, fmt_ci, fmt_num
+from ..report import figure_lines, fmt_ci, fmt_num, how_to_read, line_styles, plt as pyplot, save_figure
 from ..stats import interval_summary
+from ..verdicts import published_budget, run_budget, verdict
 
 NAME = "language"
 HEADS = ("linear", "linear-sum", "nac", "nalu")
@@ -142,7 +143,6 @@ def fig3_numbers(test: Sequence[int], k: int = 5) -> List[int]:
 
 def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
     p = task_params(LanguageParams, config)
-    head = p.head
     device, dtype, backend, seeds = run_setting(config, ctx)
     split = make_split(p.split_seed)
     data = {}
@@ -152,64 +152,91 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
 
     # members of one size: (lr, seed) pairs, seed-major inside each learning rate
     members = [(lr, s) for lr in p.lrs for s in seeds]
-    E = len(members)
     ck = ctx.load_checkpoint()
     done: List[Dict[str, Any]] = [] if ck is None else list(ck.get("done", []))
-
-    for phase, (emb, hidden) in enumerate(p.sizes):
+    for phase, size in enumerate(p.sizes):
         if phase < len(done):
             continue
-
-        def save(obj, _phase=phase):
-            ctx.save_checkpoint({"phase": _phase, "done": done, "state": obj})
-
-        def load(_phase=phase):
-            c = ctx.load_checkpoint()
-            if c is None or c.get("phase") != _phase or c.get("state") is None:
-                return None
-            return c["state"]
-
-        sub = replace(ctx, save_checkpoint=save, load_checkpoint=load)
-        # members with the same seed share their initialisation across learning rates
-        model = NumberReader(E, head, emb, hidden, backend=backend)
-        model.reset_parameters([s for _, s in members])
-        model.to(device=device, dtype=dtype)
-        opt = FlatAdam(model.parameters(), [lr for lr, _ in members], ensemble=E, clip=p.clip)
-        tr_tok, tr_mask, tr_y = data["train"]
-        va_tok, va_mask, va_y = data["val"]
-
-        def train_step(step: int) -> Tensor:
-            pred = model.predict(tr_tok, tr_mask)
-            return ((pred - tr_y) ** 2).mean(-1)
-
-        def validate() -> Tensor:
-            return ((model.predict(va_tok, va_mask) - va_y) ** 2).mean(-1)
-
-        res = train_ensemble(model, E, steps=config.steps, step_loss=train_step, validate=validate, opt=opt, ctx=sub,
-                             eval_every=p.eval_every, restore_best=True, desc=f"language {head} {emb}x{hidden}")
-        with torch.no_grad():
-            out = {}
-            for part in ("train", "val", "test"):
-                tok, mask, y = data[part]
-                out[f"{part}_mae"] = _mae(model.predict(tok, mask), y).tolist()
-            te_tok, te_mask, te_y = data["test"]
-            pred = model.predict(te_tok, te_mask)
-            for lo, hi, key in ((20, 100, "test_mae_2digit"), (100, 1000, "test_mae_3digit")):
-                sel = (te_y >= lo) & (te_y < hi)
-                out[key] = _mae(pred[:, sel], te_y[sel]).tolist()
-            gate = model.nalu_gate(te_tok, te_mask)
-            if gate is not None:
-                out["nalu_gate_test"] = gate.tolist()
-            phrases = fig3_numbers(split["test"], p.n_phrases)
-            ph_tok, ph_mask = tokens_tensor(phrases)
-            running = model(ph_tok.to(device), ph_mask.to(device)).cpu()
-        done.append({"size": [emb, hidden], "val_loss": [float(v) for v in res.best_val],
+        model, res = _train_size(config, ctx, p, phase, size, members, data, done, backend)
+        done.append({"size": list(size), "val_loss": [float(v) for v in res.best_val],
                      "best_step": [int(v) for v in res.best_step],
-                     "diverged": [bool(v) for v in res.diverged], "metrics": out,
-                     "phrases": phrases, "running": running.tolist(), "curves_val": res.curves.get("val_loss")})
+                     "diverged": [bool(v) for v in res.diverged], **_size_metrics(model, data, split, p, device),
+                     "curves_val": res.curves.get("val_loss")})
         ctx.save_checkpoint({"phase": phase + 1, "done": done, "state": None})
 
-    # model selection on validation: per seed over (size, lr); overall over everything
+    records, overall = _select_models(seeds, members, done)
+    extra: Dict[str, Any] = {"backend": backend, "split_sizes": {k: len(v) for k, v in split.items()},
+                             "members": [[lr, s] for lr, s in members], "sizes": [list(s) for s in p.sizes]}
+    if overall is not None:
+        extra.update(_selected(overall))
+    return registry.RunOutput(records=records, extra=extra)
+
+
+def _train_size(config: registry.Config, ctx: registry.Context, p: LanguageParams, phase: int,
+                size: Tuple[int, int], members: List[Tuple[float, int]], data: Dict[str, Tuple[Tensor, Tensor, Tensor]],
+                done: List[Dict[str, Any]], backend: str):
+    """Train every (learning rate, seed) member at one layer size (``phase``), checkpointing inside
+    the phase through ``ctx``; the model (best-validation parameters loaded) and its result."""
+    emb, hidden = size
+    E = len(members)
+    device, dtype = data["train"][2].device, data["train"][2].dtype
+
+    def save(obj):
+        ctx.save_checkpoint({"phase": phase, "done": done, "state": obj})
+
+    def load():
+        c = ctx.load_checkpoint()
+        if c is None or c.get("phase") != phase or c.get("state") is None:
+            return None
+        return c["state"]
+
+    sub = replace(ctx, save_checkpoint=save, load_checkpoint=load)
+    # members with the same seed share their initialisation across learning rates
+    model = NumberReader(E, p.head, emb, hidden, backend=backend)
+    model.reset_parameters([s for _, s in members])
+    model.to(device=device, dtype=dtype)
+    opt = FlatAdam(model.parameters(), [lr for lr, _ in members], ensemble=E, clip=p.clip)
+    tr_tok, tr_mask, tr_y = data["train"]
+    va_tok, va_mask, va_y = data["val"]
+
+    def train_step(step: int) -> Tensor:
+        pred = model.predict(tr_tok, tr_mask)
+        return ((pred - tr_y) ** 2).mean(-1)
+
+    def validate() -> Tensor:
+        return ((model.predict(va_tok, va_mask) - va_y) ** 2).mean(-1)
+
+    res = train_ensemble(model, E, steps=config.steps, step_loss=train_step, validate=validate, optimizer=opt,
+                         ctx=sub, eval_every=p.eval_every, restore_best=True,
+                         desc=f"language {p.head} {emb}x{hidden}")
+    return model, res
+
+
+@torch.no_grad()
+def _size_metrics(model: "NumberReader", data: Dict[str, Tuple[Tensor, Tensor, Tensor]],
+                  split: Dict[str, List[int]], p: LanguageParams, device) -> Dict[str, Any]:
+    """A trained size's per-member metrics, and its running estimates on the Fig. 3 phrases."""
+    out = {}
+    for part in ("train", "val", "test"):
+        tok, mask, y = data[part]
+        out[f"{part}_mae"] = _mae(model.predict(tok, mask), y).tolist()
+    te_tok, te_mask, te_y = data["test"]
+    pred = model.predict(te_tok, te_mask)
+    for lo, hi, key in ((20, 100, "test_mae_2digit"), (100, 1000, "test_mae_3digit")):
+        sel = (te_y >= lo) & (te_y < hi)
+        out[key] = _mae(pred[:, sel], te_y[sel]).tolist()
+    gate = model.nalu_gate(te_tok, te_mask)
+    if gate is not None:
+        out["nalu_gate_test"] = gate.tolist()
+    phrases = fig3_numbers(split["test"], p.n_phrases)
+    ph_tok, ph_mask = tokens_tensor(phrases)
+    running = model(ph_tok.to(device), ph_mask.to(device)).cpu()
+    return {"metrics": out, "phrases": phrases, "running": running.tolist()}
+
+
+def _select_models(seeds: Sequence[int], members: List[Tuple[float, int]], done: List[Dict[str, Any]]):
+    """Model selection on validation: per seed over (size, lr) (the records), and overall over
+    everything (``(val, phase, member, lr, seed)``, or None where every member diverged)."""
     records = []
     overall = None
     for s in seeds:
@@ -234,16 +261,17 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
             if overall is None or v < overall[0]:
                 overall = (v, ph, i, lr, s)
         records.append(rec)
-    extra: Dict[str, Any] = {"backend": backend, "split_sizes": {k: len(v) for k, v in split.items()},
-                             "members": [[lr, s] for lr, s in members], "sizes": [list(s) for s in p.sizes]}
-    if overall is not None:
-        v, ph, i, lr, s = overall
-        extra["selected"] = {"seed": s, "lr": lr, "size": ph["size"], "val_mse": v,
-                             **{k: float(vals[i]) for k, vals in ph["metrics"].items()}}
-        extra["fig3"] = [{"number": int(n), "words": number_to_words(int(n)),
-                          "running": [float(x) for x in ph["running"][i][j][:len(number_to_words(int(n)).split())]]}
-                         for j, n in enumerate(ph["phrases"])]
-    return registry.RunOutput(records=records, extra=extra)
+    return records, overall
+
+
+def _selected(overall) -> Dict[str, Any]:
+    """The overall selected model's summary and its Fig. 3 running estimates."""
+    v, ph, i, lr, s = overall
+    return {"selected": {"seed": s, "lr": lr, "size": ph["size"], "val_mse": v,
+                         **{k: float(vals[i]) for k, vals in ph["metrics"].items()}},
+            "fig3": [{"number": int(n), "words": number_to_words(int(n)),
+                      "running": [float(x) for x in ph["running"][i][j][:len(number_to_words(int(n)).split())]]}
+                     for j, n in enumerate(ph["phrases"])]}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -333,8 +361,6 @@ def _verdict(by: Dict[str, registry.ConfigResult]) -> str:
             txt += "NALU is NOT below the baseline here, contrary to the paper's claim."
         lines.append(txt)
     if claim_ok:
-        from ..verdicts import published_budget, run_budget, verdict
-
         cells = [by[h] for h in ("nalu", "linear", "linear-sum") if h in by]
         lines.append("Claim 'LSTM + NALU generalises best' (rule: its test-MAE interval lies below every "
                      "baseline's): " + verdict(all(claim_ok), run_budget(cells), published_budget(NAME, list(by))) + ".")
@@ -380,8 +406,6 @@ def _plot_fig3(by: Dict[str, registry.ConfigResult], out_dir: str) -> Optional[s
     nalu = by.get("nalu")
     if nalu is None or not (nalu.extra or {}).get("fig3"):
         return None
-    from ..report import line_styles, plt as pyplot, save_figure
-
     try:
         plt = pyplot()
     except Exception:  # no matplotlib: the report goes without the figure
@@ -412,8 +436,6 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
         return ""
     by = {r.config.params.get("head"): r for r in results}
     c0 = results[0].config
-    from ..report import how_to_read
-
     lines = [CLAIM, ""]
     sizes = c0.params.get("sizes", [list(s) for s in LanguageParams.sizes])
     lrs = c0.params.get("lrs", list(LanguageParams.lrs))
@@ -479,5 +501,5 @@ def memory_needs(config: registry.Config) -> List[Need]:
                  max(size(float(e), float(h)) for e, h in p.sizes))]
 
 
-EXPERIMENT = register_task(__name__, name=NAME, order=60, summarize=interval_summary,
+EXPERIMENT = register_task(__name__, name=NAME, order=60, summarize=interval_summary, cost_factor=20.0,
                            help="language to number (Table 3, Fig. 3): embedding -> LSTM -> linear / NAC / NALU")

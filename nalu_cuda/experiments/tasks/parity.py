@@ -30,18 +30,19 @@ from torch import Tensor, nn
 
 import nalu_cuda
 
-from ...cli import mnist_directory, positive_int
+from ..argtypes import positive_int
 from .. import registry
 from ..params import task_params
 from ..resources import ADAM, FLOAT, Need, digit_images
 from ..parts.layers import EnsembleCNN, EnsembleLinear
-from ..parts.mnist_data import load_digit_images
+from ..parts.mnist_data import load_digit_images, mnist_directory
 from ..parts.seeding import member_generators
 from ..parts.training import generator_state, train_ensemble
 from ..plugin import (add_backend_argument, add_subset_argument, profile_entry, register_task, run_options,
                       run_setting, subset_option)
-from ..report import fmt_ci
+from ..report import fmt_ci, how_to_read
 from ..stats import interval_summary
+from ..verdicts import published_budget, run_budget, verdict
 
 NAME = "parity"
 FINALS = ("affine", "nac", "nac-bias", "linear-nobias")
@@ -225,9 +226,6 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
         return ""
     by = {r.config.params.get("final"): r for r in results}
     c0 = results[0]
-    from ..report import how_to_read
-    from ..verdicts import published_budget, run_budget, verdict
-
     lines = [CLAIM, ""]
     lines += how_to_read(
         f"images of {c0.extra.get('digits', 2)} digits side by side ({c0.extra.get('images', '?')}); "
@@ -285,5 +283,5 @@ def memory_needs(config: registry.Config) -> List[Need]:
             Need("the CNN and its optimiser", "--digits, --seeds", E * C2 * pix / 16 * p.hidden * FLOAT * ADAM)]
 
 
-EXPERIMENT = register_task(__name__, name=NAME, order=80, summarize=interval_summary,
+EXPERIMENT = register_task(__name__, name=NAME, order=80, summarize=interval_summary, cost_factor=1.0,
                            help="digit-image parity (Table 4): final layer affine vs NAC and ablations")

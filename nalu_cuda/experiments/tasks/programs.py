@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 import nalu_cuda
 
-from ...cli import positive_int
+from ..argtypes import positive_int
 from .. import registry
 from ..params import task_params
 from ..resources import ADAM, FLOAT, Need
@@ -47,7 +47,7 @@ from ..parts.sequence_models import make_recurrent
 from ..parts.training import generator_state, train_ensemble
 from ..plugin import (add_backend_argument, add_task_model_arguments, profile_entry, register_task, run_options,
                       run_setting, task_model_configs, task_model_options)
-from ..report import figure_lines, fmt_ci, fmt_num
+from ..report import figure_lines, fmt_ci, fmt_num, how_to_read, line_styles, plt as pyplot, save_figure
 from ..stats import interval_summary
 
 NAME = "programs"
@@ -277,8 +277,6 @@ LABELS = {"lstm": "LSTM", "ugrnn": "UGRNN", "nalu": "LSTM + NALU"}
 
 
 def _plot(results: Sequence[registry.ConfigResult], out_dir: str) -> Optional[str]:
-    from ..report import line_styles, plt as pyplot, save_figure
-
     try:
         plt = pyplot()
     except Exception:  # no matplotlib: the report goes without the figure
@@ -334,8 +332,6 @@ def report_section(results: Sequence[registry.ConfigResult], out_dir: str) -> st
         return ""
     by = {(r.config.params.get("task"), r.config.params.get("model")): r for r in results}
     c0 = results[0].config
-    from ..report import how_to_read
-
     lines = [CLAIM, ""]
     lines += how_to_read(
                  f"{c0.seeds} seeds per model, {c0.steps} steps; checkpoint per seed chosen on validation programs "
@@ -401,6 +397,6 @@ def memory_needs(config: registry.Config) -> List[Need]:
             Need("the recurrent states of a training batch", "--hidden, --seeds", E * p.batch * T * 4 * H * FLOAT * 2)]
 
 
-EXPERIMENT = register_task(__name__, name=NAME, order=70, summarize=interval_summary,
+EXPERIMENT = register_task(__name__, name=NAME, order=70, summarize=interval_summary, cost_factor=10.0,
                            help="program evaluation (Fig. 4): "
                                 "LSTM, UGRNN and LSTM+NALU read code character by character")

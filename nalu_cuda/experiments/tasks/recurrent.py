@@ -23,15 +23,19 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ...cli import finite_float, positive_float, positive_int
+from ..argtypes import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_results import final_errors, member_records, per_op_summaries, run_members
 from ..parts.arithmetic_models import (resident_graph, RECURRENT_MODELS, build_recurrent_model, check_model, member_generators,
                                        default_lr, regularizer_schedule, training_hooks)
+from ..parts.arithmetic_plots import plot_per_op
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
 from ..plugin import register_task
 from ..registry import Config, ConfigResult, Context, RunOutput
+from ..report import claim_row, fmt_num, fmt_rate, fmt_ratio, how_to_read, md_table
 from ..resources import ADAM, DOUBLE, FLOAT, Need
+from ..seed_blocks import median_curve, total
+from .static_report import extrap_ratio
 
 __all__ = ["EXPERIMENT", "recurrent_config", "RecurrentParams", "run"]
 
@@ -260,9 +264,6 @@ def summarize(cfg: Config, records: List[Dict[str, Any]], extra: Dict[str, Any])
 
 
 def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
-    from ..report import claim_row, fmt_num, fmt_rate, fmt_ratio, how_to_read, md_table
-    from .static_report import extrap_ratio
-
     out = ["## Recurrent arithmetic (Trask et al. Table 1, bottom)", ""]
     out += how_to_read(
         "*Success*: the extrapolation MSE (length 1000) of a seed's best-validation model below that of an "
@@ -316,8 +317,6 @@ def report_section(results: Sequence[ConfigResult], out_dir: str) -> str:
 
 
 def _plot_lengths(results, out_dir) -> Optional[str]:
-    from ..report import plot_per_op
-
     curves = [(r.config.params["model"], op, r.extra["length_curve"]["lengths"], med)
               for r in results if r.extra.get("length_curve") for op, med in r.extra["length_curve"]["median_mse"].items()]
     hlines = {}
@@ -345,4 +344,5 @@ def memory_needs(cfg: Config) -> List[Need]:
 
 EXPERIMENT = register_task(__name__, name="recurrent", order=30,
                            help="recurrent arithmetic: sums over time steps, train length 10, "
-                                "test length 1000 (Table 1)")
+                                "test length 1000 (Table 1)",
+                           merges={"train_wall_s": total, "length_curve": median_curve("lengths")}, cost_factor=10.0)

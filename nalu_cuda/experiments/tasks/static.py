@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ...cli import finite_float, positive_float, positive_int
+from ..argtypes import finite_float, positive_float, positive_int
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_results import final_errors, member_records, run_members
 from ..parts.arithmetic_models import (resident_graph, ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model,
@@ -32,7 +32,10 @@ from ..parts.arithmetic_models import (resident_graph, ARITHMETIC_MODELS, MLP_MO
 from ..parts.training import EvalSet, evaluate_mse, train_ensemble
 from ..plugin import register_task
 from ..registry import Config, Context, RunOutput
+from ..report import MADSEN_SEEDS, MADSEN_STEPS
 from ..resources import ADAM, DOUBLE, FLOAT, Need
+from ..seed_blocks import history, median_curve, total, union
+from .static_defaults import DEFAULTS, RANGE_SCALES
 
 __all__ = ["EXPERIMENT", "static_config", "StaticParams", "run", "STATIC_MODELS", "RANGE_STRESS", "STANDARD_CELLS",
            "PROFILES"]
@@ -52,14 +55,6 @@ RANGE_STRESS = [
     ([1.1, 1.2], [1.2, 6]),
     ([10, 20], [20, 40]),
 ]
-
-DEFAULTS: Dict[str, Any] = dict(
-    interp=[[1.0, 2.0]], extrap=[[2.0, 6.0]], input_size=100, subset_ratio=0.25, overlap_ratio=0.5, hidden=2,
-    lr=1e-3, batch=128, eval_every=1000, n_valid=10_000, n_test=10_000, baseline_models=100, seed_offset=0,
-    data_seed=0, backend="auto", eps=1e-7, threshold_samples=1_000_000, threshold_layout="task",
-    lr_milestones=[], lr_gamma=0.1,
-)
-
 
 
 @dataclass(frozen=True)
@@ -202,9 +197,6 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
     return RunOutput(records, extra)
 
 
-RANGE_SCALES = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
-
-
 @torch.no_grad()
 def _range_curve(model, p: StaticParams, ops, masks, interp: ar.Range, S: int, dev, diverged, n: int = 1000) -> Dict[str, Any]:
     """Median (over non-diverged seeds) MSE on the training range scaled by each of RANGE_SCALES (and
@@ -324,7 +316,7 @@ QUICK_NMU_STEPS = 180_000
 QUICK_NMU_REG = (50_000, 100_000)
 
 # The standard profile: Madsen & Johansen's static table at 100 seeds and their protocol (published
-# schedules included), each cell's budget about twice the published median solved-at step (UNITS.md),
+# schedules included), each cell's budget about twice the published median solved-at step (docs/units.md),
 # and never below the end of its regulariser schedule. Cells whose published median lies beyond what
 # about 4 hours on 2 CPU cores allow are left out: NAC* on a * b (solved at 2.8e6), the NALU (1.5e6-1.9e6,
 # 14%) and linear a - b (3.3e6, 7%). The NMU model gets the issue's 3e6 steps (solved at 1.4e6 with the
@@ -400,4 +392,7 @@ from .static_report import report_section, summarize  # noqa: E402  (registered 
 
 EXPERIMENT = register_task(__name__, name="static", order=20,
                            help="static arithmetic: a, b sums of subsets of x in R^100; "
-                                "+, -, *, /, a^2, sqrt (Table 1)")
+                                "+, -, *, /, a^2, sqrt (Table 1)",
+                           merges={"layouts": union, "train_wall_s": total, "range_curve": median_curve("scales"),
+                                   "history_extrap": history, "history_valid": history},
+                           cost_factor=1.0, published_budget=(MADSEN_SEEDS, MADSEN_STEPS))
