@@ -371,6 +371,61 @@ def _merge_blocks(configs: Sequence[Config], work: Sequence[Unit], texts: Dict[s
     return problems
 
 
+def _rank_logger(ranks: Ranks, log):
+    """``log`` for one process; with several ranks one write per line, prefixed with the rank (the
+    ranks share a terminal)."""
+    if ranks.world_size == 1:
+        return log
+
+    def rank_log(msg: str) -> None:
+        sys.stderr.write(f"[rank {ranks.rank}] {msg}\n")
+        sys.stderr.flush()
+    return rank_log
+
+
+def _run_shard(mine: Sequence[Unit], names: List[str], out_dir: str, ranks: Ranks, od, *, device: str,
+               resume: bool, overwrite: bool, progress: bool, log, meta: Optional[dict],
+               checkpoint_every_s: float, report_every_s: float) -> Tuple[Dict[str, str], Optional[str]]:
+    """This rank's shard, as a single process would run it: the result texts of what finished, and
+    the first failure (the rank stops there; every finished result is kept)."""
+    texts: Dict[str, str] = {}
+    last_report = -float("inf")
+    for n, unit in enumerate(mine):
+        cfg = unit.config
+        log(f"[{n + 1}/{len(mine)}] {cfg.key}: {cfg.seeds} seeds x {cfg.steps} steps")
+        _test_fault(n, ranks, out_dir, cfg)
+        try:
+            r = runner.run_one(cfg, out_dir, device=device, resume=resume, overwrite=overwrite,
+                               progress=progress and ranks.rank == 0, log=log, checkpoint_every_s=checkpoint_every_s)
+        except Exception as exc:  # the others finish their shards; every finished result is kept
+            failure = f"{cfg.key} failed on {socket.gethostname()} ({type(exc).__name__}: {exc})"
+            log(f"error: {failure}")
+            return texts, failure
+        log(f"[{n + 1}/{len(mine)}] {cfg.key}: done in {r.wall_s:.0f} s; " + runner.headline(r))
+        texts[cfg.key] = _read(runner.result_path(out_dir, cfg))
+        if ranks.rank == 0 and time.perf_counter() - last_report >= report_every_s:
+            runner.write_outputs(out_dir, meta=meta, order=names, report=False, outdir=od)
+            last_report = time.perf_counter()
+    return texts, None
+
+
+def _write_gathered(configs: Sequence[Config], work: Sequence[Unit], gathered: List[Any],
+                    out_dir: str) -> List[str]:
+    """On rank 0: every rank's result texts written to ``out_dir`` (the results of ranks with their
+    own file systems; blocks of seeds merged); returns the failures of every rank."""
+    texts = {key: text for _, their_texts in gathered for key, text in their_texts.items()}
+    failures = [f"rank {info['rank']}: {info['failure']}" for info, _ in gathered if info["failure"]]
+    failures += _merge_blocks(configs, work, texts, out_dir)
+    for unit in work:
+        text = texts.get(unit.config.key)
+        rp = runner.result_path(out_dir, unit.config)
+        merged = unit.block is not None and os.path.exists(runner.result_path(out_dir, configs[unit.index]))
+        if text is not None and not merged and (not os.path.exists(rp) or _read(rp) != text):
+            os.makedirs(os.path.dirname(rp), exist_ok=True)
+            runner.atomic_write_text(rp, text)
+    return failures
+
+
 def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device: str, resume: bool, overwrite: bool,
                 progress: bool, log, meta: Optional[dict], checkpoint_every_s: float,
                 report_every_s: float) -> List[ConfigResult]:
@@ -381,12 +436,7 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ValueError(f"configuration names repeat: {sorted(dup)}")
-    if ranks.world_size > 1:  # one write per line: the ranks share a terminal
-        def rank_log(msg: str) -> None:
-            sys.stderr.write(f"[rank {ranks.rank}] {msg}\n")
-            sys.stderr.flush()
-    else:
-        rank_log = log
+    rank_log = _rank_logger(ranks, log)
     my_device = rank_device(device, ranks.local_rank)
     od = _lock(out_dir, overwrite, ranks)
     try:
@@ -408,29 +458,10 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
                  + (f" and {n_blocks} blocks of seeds" if n_blocks else "") + f" on {my_device} "
                  f"({sum(estimated_cost(u.config) for u in mine):.3g} of "
                  f"{sum(estimated_cost(c) for c in configs):.3g} estimated cost)")
-
-        # Work: this rank's shard, as a single process would run it.
         t_work = time.perf_counter()
-        texts: Dict[str, str] = {}
-        failure = None
-        last_report = -float("inf")
-        for n, unit in enumerate(mine):
-            cfg = unit.config
-            rank_log(f"[{n + 1}/{len(mine)}] {cfg.key}: {cfg.seeds} seeds x {cfg.steps} steps")
-            _test_fault(n, ranks, out_dir, cfg)
-            try:
-                r = runner.run_one(cfg, out_dir, device=my_device, resume=resume, overwrite=overwrite,
-                                   progress=progress and ranks.rank == 0, log=rank_log,
-                                   checkpoint_every_s=checkpoint_every_s)
-            except Exception as exc:  # the others finish their shards; every finished result is kept
-                failure = f"{cfg.key} failed on {socket.gethostname()} ({type(exc).__name__}: {exc})"
-                rank_log(f"error: {failure}")
-                break
-            rank_log(f"[{n + 1}/{len(mine)}] {cfg.key}: done in {r.wall_s:.0f} s; " + runner.headline(r))
-            texts[cfg.key] = _read(runner.result_path(out_dir, cfg))
-            if ranks.rank == 0 and time.perf_counter() - last_report >= report_every_s:
-                runner.write_outputs(out_dir, meta=meta, order=names, report=False, outdir=od)
-                last_report = time.perf_counter()
+        texts, failure = _run_shard(mine, names, out_dir, ranks, od, device=my_device, resume=resume,
+                                    overwrite=overwrite, progress=progress, log=rank_log, meta=meta,
+                                    checkpoint_every_s=checkpoint_every_s, report_every_s=report_every_s)
         work_s = time.perf_counter() - t_work
 
         # Gather: wait for the slowest shard, then every result to rank 0.
@@ -443,6 +474,7 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
                           "wait_s": t_gather - t_wait, "failure": failure}
             gathered: Optional[List[Any]] = [None] * ranks.world_size if ranks.rank == 0 else None
             dist.gather_object((shard_info, texts), gathered, dst=0)
+            gather_s = time.perf_counter() - t_gather
         except (RuntimeError, dist.DistError) as exc:  # a rank died: what this one finished is on its disk
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if ranks.rank == 0:  # summary.json and the CSVs of every result in its --out
@@ -450,28 +482,16 @@ def run_sharded(configs: Sequence[Config], out_dir: str, ranks: Ranks, *, device
             raise RunError(f"rank {ranks.rank} lost the process group while gathering ({why}): another rank "
                            f"died. Its finished shards ({len(texts)} of this rank's {len(mine)}) are kept "
                            f"in {out_dir}; rerun with --resume, with any number of ranks") from None
-        gather_s = time.perf_counter() - t_gather
-        failures = None
+        failures_box: List[Any] = [None]
         results: List[ConfigResult] = []
         if ranks.rank == 0:
             assert gathered is not None
-            texts = {key: text for _, their_texts in gathered for key, text in their_texts.items()}
-            infos = [info for info, _ in gathered]
-            failures = [f"rank {info['rank']}: {info['failure']}" for info in infos if info["failure"]]
-            failures += _merge_blocks(configs, work, texts, out_dir)
-            for unit in work:  # the results of ranks with their own file systems; blocks not merged
-                text = texts.get(unit.config.key)
-                rp = runner.result_path(out_dir, unit.config)
-                merged = unit.block is not None and os.path.exists(runner.result_path(out_dir, configs[unit.index]))
-                if text is not None and not merged and (not os.path.exists(rp) or _read(rp) != text):
-                    os.makedirs(os.path.dirname(rp), exist_ok=True)
-                    runner.atomic_write_text(rp, text)
+            failures_box[0] = _write_gathered(configs, work, gathered, out_dir)
             meta = dict(meta or {})
-            meta.update(ranks=ranks.world_size, backend=ranks.backend, shards=infos, gather_s=gather_s,
-                        invocation_wall_s=time.perf_counter() - t_start)
+            meta.update(ranks=ranks.world_size, backend=ranks.backend, shards=[info for info, _ in gathered],
+                        gather_s=gather_s, invocation_wall_s=time.perf_counter() - t_start)
             results = [r for r in runner.load_results(out_dir, names) if r.config.key in names]
             runner.write_outputs(out_dir, meta=meta, order=names, outdir=od)
-        failures_box = [failures]
         dist.broadcast_object_list(failures_box, src=0)
         if failures_box[0]:
             raise RunError("\n".join(failures_box[0]) + f"\nthe finished configurations are kept in {out_dir} "

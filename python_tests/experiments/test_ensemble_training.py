@@ -104,7 +104,9 @@ def _lengths(path):
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
-@pytest.mark.parametrize("module", ["parts/training.py", "tasks/language.py", "tasks/static_report.py"])
-def test_no_function_over_100_lines(module):
-    long = {k: v for k, v in _lengths(EXPERIMENTS / module).items() if v > 100}
-    assert not long, f"{module}: split {long}"
+def test_no_function_over_100_lines():
+    """Anywhere in the package (the issue's rule for the training loop, the runner and the tasks)."""
+    package = EXPERIMENTS.parent
+    long = {f"{path.relative_to(package)}:{name}": n for path in sorted(package.rglob("*.py"))
+            for name, n in _lengths(path).items() if n > 100}
+    assert not long, f"split {long}"
