@@ -9,8 +9,14 @@ what came; after it the run reads ``p.lr``, ``p.eval_every``, ... with no casts.
 
 Types understood: ``int``, ``float`` (an int is accepted and converted), ``str``, ``bool``,
 ``Optional[X]`` (JSON null or an ``X``), ``Tuple[X, ...]`` and ``Tuple[X, Y]`` (a JSON list, turned
-into a tuple), ``Dict[K, V]`` (a JSON object) and ``Any`` (taken as it is). An ``int`` field takes
-an integral float (``1000.0``) as that int; ``bool`` is never an int or a float here.
+into a tuple), ``Dict[K, V]`` (a JSON object), ``Any`` (taken as it is), and any class with a
+``from_param(value)`` classmethod and a ``param_name`` (e.g. the arithmetic tasks' ``Range``, stored
+as a JSON list). An ``int`` field takes an integral float (``1000.0``) as that int; ``bool`` is never
+an int or a float here.
+
+Defaults: a field's own default, or, for a task whose defaults are written into every configuration
+it builds (the arithmetic tasks' ``DEFAULTS`` dicts, which the configurations' fingerprints hash), the
+``defaults`` mapping given to :func:`task_params`; those are typed like the configuration's values.
 
 Keys that are not a task's parameters: :data:`SETTING_KEYS`, read for every task by
 :func:`.plugin.run_setting` (``backend`` by ``resolve_backend``, ``first_seed`` by ``seed_list``),
@@ -55,6 +61,8 @@ def type_name(tp: Any) -> str:
         if len(args) == 2 and args[1] is Ellipsis:
             return f"list of {type_name(args[0])}"
         return "[" + ", ".join(type_name(a) for a in args) + "]"
+    if hasattr(tp, "param_name"):
+        return tp.param_name
     if origin in (dict, Mapping) or tp is dict:
         return "object" + (f" of {type_name(args[0])} -> {type_name(args[1])}" if args else "")
     return getattr(tp, "__name__", str(tp))
@@ -89,6 +97,11 @@ def _convert(value: Any, tp: Any, where: str = "") -> Any:
             raise _Mismatch(value, where)
         kt, vt = args or (Any, Any)
         return {_convert(k, kt, f"{where}.{k}"): _convert(v, vt, f"{where}.{k}") for k, v in value.items()}
+    if hasattr(tp, "from_param") and not isinstance(value, tp):
+        try:
+            return tp.from_param(value)
+        except (ValueError, TypeError):
+            raise _Mismatch(value, where) from None
     if isinstance(value, bool) and tp is not bool:
         raise _Mismatch(value, where)
     if tp is float and isinstance(value, (int, float)):
@@ -108,16 +121,17 @@ def _checked(task: str, key: str, value: Any, tp: Any) -> Any:
         raise ValueError(f"{task}: parameter {key!r} expects {type_name(tp)}, got {value!r}{inner}") from None
 
 
-def task_params(cls: Type[P], config: Config) -> P:
-    """``config.params`` as the frozen dataclass ``cls``: the defaults of ``cls`` overridden by the
-    configuration's values, each converted to its field's declared type. Raises :class:`ValueError`
-    for a key that is neither a field nor a :data:`SETTING_KEYS` key, a value of the wrong type, or
-    a field without a default that the configuration lacks."""
+def task_params(cls: Type[P], config: Config, defaults: Mapping[str, Any] = {}) -> P:
+    """``config.params`` as the frozen dataclass ``cls``: the defaults of ``cls`` (and ``defaults``,
+    keyed by field name) overridden by the configuration's values, each converted to its field's
+    declared type. Raises :class:`ValueError` for a key that is neither a field nor a
+    :data:`SETTING_KEYS` key, a value of the wrong type, or a field without a default that the
+    configuration lacks."""
     task = f"{config.experiment} {config.name}" if config.name else config.experiment
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values: Dict[str, Any] = {}
-    for key, value in config.params.items():
+    for key, value in {**{k: v for k, v in defaults.items() if k in fields}, **config.params}.items():
         if key in fields:
             values[key] = _checked(task, key, value, hints[key])
         elif key in SETTING_KEYS:

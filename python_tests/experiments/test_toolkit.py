@@ -1,5 +1,6 @@
 """The toolkit's shared pieces: the unit table and the trainer's unit hooks, typed parameters,
 task registration, the one number format, the per-op plot, the backend choice."""
+import dataclasses
 import os
 import sys
 import types
@@ -11,8 +12,10 @@ from nalu_cuda.experiments import registry
 from nalu_cuda.experiments.parts import arithmetic_data as ar
 from nalu_cuda.experiments.parts import arithmetic_models as am
 from nalu_cuda.experiments.parts.training import EvalSet, train_ensemble
+from nalu_cuda.experiments.params import task_params
 from nalu_cuda.experiments.plugin import register_task, resolve_backend
 from nalu_cuda.experiments.report import fmt_num, plot_per_op
+from nalu_cuda.experiments.tasks import recurrent, static
 from nalu_cuda.experiments.tasks.recurrent import RecurrentParams, recurrent_config
 from nalu_cuda.experiments.tasks.static import StaticParams, static_config
 
@@ -91,15 +94,18 @@ def test_unit_table_entry_brings_its_hooks(monkeypatch):
 
 def test_typed_params_parse_ranges_once():
     cfg = static_config("nac", ["add", "sub"], 2, 10, interp=[[1, 2], [3, 4]], extrap=[[5, 6]])
-    p = StaticParams.from_params(cfg.params)
+    p = task_params(StaticParams, cfg, ar.task_defaults(static.DEFAULTS))
     assert p.interp == ar.Range(((1.0, 2.0), (3.0, 4.0))) and p.extrap == ar.Range(((5.0, 6.0),))
     assert p.ops == ("add", "sub") and p.model == "nac" and p.lr == cfg.params["lr"]
-    r = RecurrentParams.from_params(recurrent_config("lstm", ["add"], 2, 10).params)
+    r = task_params(RecurrentParams, recurrent_config("lstm", ["add"], 2, 10), ar.task_defaults(recurrent.DEFAULTS))
     assert r.cell_hidden == r.rnn_hidden and r.curve_lengths == tuple(r.curve_lengths)
     assert isinstance(r.interp, ar.Range)
     assert ar.as_range([1, 2, 3, 4]) == ar.as_range([[1, 2], [3, 4]]) == ar.Range(((1.0, 2.0), (3.0, 4.0)))
-    with pytest.raises(ValueError, match="extrapolation range"):
-        StaticParams.from_params({**cfg.params, "extrap": [[6, 5]]})
+    bad = dataclasses.replace(cfg, params={**cfg.params, "extrap": [[6, 5]]})
+    with pytest.raises(ValueError, match=r"parameter 'extrap' expects a range \(bounds"):
+        task_params(StaticParams, bad, ar.task_defaults(static.DEFAULTS))
+    fewer = dataclasses.replace(cfg, params={k: v for k, v in cfg.params.items() if k != "batch"})
+    assert task_params(StaticParams, fewer, ar.task_defaults(static.DEFAULTS)).batch == static.DEFAULTS["batch"]
 
 
 def test_register_task_builds_the_experiment_from_the_module():

@@ -10,6 +10,8 @@ import torch
 
 import nalu_cuda
 from nalu_cuda import regularizers as R
+from nalu_cuda.experiments.params import task_params
+from nalu_cuda.experiments.parts import arithmetic_data as ar
 from nalu_cuda.experiments.parts import arithmetic_models as am
 from nalu_cuda.experiments.parts.training import EvalSet, train_ensemble
 from nalu_cuda.experiments.registry import Context
@@ -155,7 +157,7 @@ def test_cli_reg_flags(tmp_path):
                                       "--reg-end", "200", "--seeds", "2", "--steps", "300", "--out", str(tmp_path)])
     (cfg,) = _configs(args)
     assert cfg.params["reg_start"] == 100 and cfg.params["reg_end"] == 200 and "reg_scale" not in cfg.params
-    p = static.StaticParams.from_params(cfg.params)
+    p = task_params(static.StaticParams, cfg, ar.task_defaults(static.DEFAULTS))
     assert p.reg == {"scale": None, "start": 100.0, "end": 200.0}
     args = build_parser().parse_args(["static", "--model", "nac", "--reg-scale", "1", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="has no regulariser"):

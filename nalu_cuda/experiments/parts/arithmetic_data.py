@@ -34,7 +34,8 @@ from torch import Tensor
 
 from ..argtypes import non_negative_float
 from .arithmetic_ops import (EPS_PERFECT, FLOAT32_MAX, OP_ALIASES, OP_SYMBOLS, OPS, PUBLISHED_THRESHOLDS,  # noqa: F401
-                             Range, apply_op, canonical_op, check_targets, largest_target)
+                             Range, apply_op, as_range, canonical_op, check_targets, largest_target,
+                             parse_range)
 from .counter_stream import CounterStream
 from .seeding import seed_for
 from .uniform_stream import SumTargets, UniformStream
@@ -48,6 +49,7 @@ __all__ = [
     "parse_range",
     "as_range",
     "TaskParams",
+    "task_defaults",
     "SubsetLayout",
     "subset_layout",
     "apply_op",
@@ -64,26 +66,6 @@ __all__ = [
 # The six operations (names as in stable-nalu).
 # The operations and ranges (OPS ... Range) live in .arithmetic_ops, below the training streams.
 
-
-
-def parse_range(values: Sequence[float], what: str = "range") -> Range:
-    """``[lo, hi]`` or ``[lo1, hi1, lo2, hi2, ...]`` (a union) from the command line."""
-    vals = [float(v) for v in values]
-    if not vals or len(vals) % 2:
-        raise ValueError(f"{what}: give bounds in pairs 'LO HI [LO HI ...]', got {list(values)}")
-    try:
-        return Range(tuple((vals[i], vals[i + 1]) for i in range(0, len(vals), 2)))
-    except ValueError as exc:
-        raise ValueError(f"{what}: {exc}") from None
-
-
-def as_range(r: Union["Range", Sequence], what: str = "range") -> Range:
-    """A :class:`Range` from a Range, flat bounds ``[lo, hi, ...]`` or pairs ``[[lo, hi], ...]`` (the
-    JSON form of :meth:`Range.to_list`, as configurations store ranges)."""
-    if isinstance(r, Range):
-        return r
-    flat = [v for item in r for v in (item if isinstance(item, (list, tuple)) else [item])]
-    return parse_range(flat, what)
 
 
 # The regulariser flags (--reg-scale/--reg-start/--reg-end); None, the model's published schedule,
@@ -176,8 +158,8 @@ def reg_params(params: Dict, check: Callable[[str, Dict], Any]) -> None:
 @dataclass(frozen=True)
 class TaskParams:
     """The parameters the static and recurrent tasks share, typed: one configuration's
-    ``Config.params`` (JSON: ranges as lists) parsed once by :meth:`from_params`. A task subclasses
-    it with its own fields and parses those in :meth:`_parse`."""
+    ``Config.params`` (JSON: ranges as lists) parsed once by :func:`..params.task_params`, with
+    :func:`task_defaults` of the task's ``DEFAULTS``. A task subclasses it with its own fields."""
 
     model: str
     ops: Tuple[str, ...]
@@ -209,17 +191,11 @@ class TaskParams:
         """The regulariser overrides (None: the model's published value), for ``training_hooks``."""
         return {"scale": self.reg_scale, "start": self.reg_start, "end": self.reg_end}
 
-    @classmethod
-    def from_params(cls, params: Dict, defaults: Dict):
-        p = {**REG_DEFAULTS, **STEP_DEFAULTS, **defaults, **params}
-        p.update(ops=tuple(p["ops"]), interp=as_range(p["interp"], "interpolation range"),
-                 extrap=as_range(p["extrap"], "extrapolation range"))
-        cls._parse(p)
-        return cls(**{f.name: p[f.name] for f in fields(cls)})
 
-    @staticmethod
-    def _parse(p: Dict) -> None:
-        """Parse a subclass's own fields in ``p`` in place."""
+def task_defaults(defaults: Dict[str, Any]) -> Dict[str, Any]:
+    """The defaults of a static or recurrent configuration's parameters: the task's ``DEFAULTS`` and
+    the regulariser and step options that configurations store only when they differ."""
+    return {**REG_DEFAULTS, **STEP_DEFAULTS, **defaults}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from torch import Tensor
 
 __all__ = ["OPS", "OP_SYMBOLS", "OP_ALIASES", "EPS_PERFECT", "PUBLISHED_THRESHOLDS", "canonical_op", "apply_op",
-           "FLOAT32_MAX", "largest_target", "check_targets", "Range"]
+           "FLOAT32_MAX", "largest_target", "check_targets", "Range",
+           "parse_range", "as_range"]
 
 OPS = ("add", "sub", "mul", "div", "squared", "root")
 OP_SYMBOLS = {"add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b", "squared": "a^2", "root": "sqrt(a)"}
@@ -95,6 +96,14 @@ class Range:
 
     intervals: Tuple[Tuple[float, float], ...]
 
+    # How a task's parameters (nalu_cuda.experiments.params.task_params) name and parse a field of
+    # this type: a configuration stores a range as its JSON form (Range.to_list).
+    param_name = "a range (bounds [lo, hi, ...] or pairs [[lo, hi], ...])"
+
+    @classmethod
+    def from_param(cls, value: Any) -> "Range":
+        return as_range(value)
+
     def __post_init__(self):
         if not self.intervals:
             raise ValueError("a range needs at least one interval")
@@ -152,3 +161,23 @@ class Range:
 
 def _fmt(v: float) -> str:
     return f"{v:g}"
+
+
+def parse_range(values: Sequence[float], what: str = "range") -> Range:
+    """``[lo, hi]`` or ``[lo1, hi1, lo2, hi2, ...]`` (a union) from the command line."""
+    vals = [float(v) for v in values]
+    if not vals or len(vals) % 2:
+        raise ValueError(f"{what}: give bounds in pairs 'LO HI [LO HI ...]', got {list(values)}")
+    try:
+        return Range(tuple((vals[i], vals[i + 1]) for i in range(0, len(vals), 2)))
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
+def as_range(r: Union["Range", Sequence], what: str = "range") -> Range:
+    """A :class:`Range` from a Range, flat bounds ``[lo, hi, ...]`` or pairs ``[[lo, hi], ...]`` (the
+    JSON form of :meth:`Range.to_list`, as configurations store ranges)."""
+    if isinstance(r, Range):
+        return r
+    flat = [v for item in r for v in (item if isinstance(item, (list, tuple)) else [item])]
+    return parse_range(flat, what)

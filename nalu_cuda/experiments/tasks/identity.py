@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..argtypes import finite_float, positive_float
+from ..params import task_params
 from ..distributed import MLP_FACTOR
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_models import ACTIVATIONS, StackedNet, check_model, member_generators
@@ -65,13 +66,6 @@ class IdentityParams:
     data_seed: int
     backend: str
 
-    @staticmethod
-    def from_params(params: Dict[str, Any]) -> "IdentityParams":
-        p = {**DEFAULTS, **params}
-        p.update(train_range=ar.as_range(p["train_range"], "training range"), hidden=tuple(p["hidden"]),
-                 fig_range=tuple(p["fig_range"]), table_range=ar.as_range(p["table_range"], "table range"))
-        return IdentityParams(**{f.name: p[f.name] for f in fields(IdentityParams)})
-
 
 def identity_config(model: str, seeds: int, steps: int, **params) -> Config:
     key = str(model).strip().lower().replace("-", "_")
@@ -101,7 +95,7 @@ def _net(model: str, sizes: Sequence[int], E: int, backend: str) -> StackedNet:
 
 
 def run(cfg: Config, ctx: Context) -> RunOutput:
-    p = IdentityParams.from_params(cfg.params)
+    p = task_params(IdentityParams, cfg, DEFAULTS)
     S = cfg.seeds
     seeds = [p.seed_offset + s for s in range(S)]
     dev = torch.device(ctx.device)
@@ -333,7 +327,7 @@ def _plot_fig1(results: Sequence[ConfigResult], out_dir: str) -> Optional[str]:
 
 def memory_needs(cfg: Config) -> List[Need]:
     """The dominant tensors of a run (checked before it starts: :mod:`..resources`)."""
-    p = IdentityParams.from_params(cfg.params)
+    p = task_params(IdentityParams, cfg, DEFAULTS)
     S, sizes = float(cfg.seeds), [1] + list(p.hidden) + [1]
     return [Need("the evaluation sets' per-seed targets and outputs", "--seeds",
                  S * (p.n_valid + p.fig_points + p.n_table) * FLOAT * 2),

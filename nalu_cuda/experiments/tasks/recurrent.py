@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..argtypes import finite_float, positive_float, positive_int
+from ..params import task_params
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_results import final_errors, member_records, per_op_summaries, run_members
 from ..parts.arithmetic_models import (resident_graph, RECURRENT_MODELS, build_recurrent_model, check_model, member_generators,
@@ -58,13 +59,6 @@ class RecurrentParams(ar.TaskParams):
     clip: Optional[float]
     curve_lengths: Tuple[int, ...]
 
-    @classmethod
-    def from_params(cls, params: Dict[str, Any]) -> "RecurrentParams":
-        return super().from_params(params, DEFAULTS)
-
-    @staticmethod
-    def _parse(p: Dict[str, Any]) -> None:
-        p["curve_lengths"] = tuple(int(v) for v in p["curve_lengths"])
 
     @property
     def cell_hidden(self) -> int:
@@ -119,7 +113,7 @@ def _shared_targets(x: torch.Tensor, masks: torch.Tensor, ops: Sequence[str]) ->
 
 
 def run(cfg: Config, ctx: Context) -> RunOutput:
-    p = RecurrentParams.from_params(cfg.params)
+    p = task_params(RecurrentParams, cfg, ar.task_defaults(DEFAULTS))
     ops, S, seeds, member_seeds, E = run_members(p, cfg)
     I, T, L = p.input_size, p.train_length, p.extrap_length
     interp, extrap = p.interp, p.extrap
@@ -332,7 +326,7 @@ def _plot_lengths(results, out_dir) -> Optional[str]:
 
 def memory_needs(cfg: Config) -> List[Need]:
     """The dominant tensors of a run (checked before it starts: :mod:`..resources`)."""
-    p = RecurrentParams.from_params(cfg.params)
+    p = task_params(RecurrentParams, cfg, ar.task_defaults(DEFAULTS))
     S, E, I, H = float(cfg.seeds), float(cfg.seeds * len(p.ops)), p.input_size, p.cell_hidden
     T, L, gates = float(p.train_length), float(p.extrap_length), 4 if p.model in ("lstm", "gru") else 1
     return [Need("the evaluation sequences", "--train-length, --extrap-length",

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..argtypes import finite_float, positive_float, positive_int
+from ..params import task_params
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_results import final_errors, member_records, run_members
 from ..parts.arithmetic_models import (resident_graph, ARITHMETIC_MODELS, MLP_MODELS, build_static_model, check_model,
@@ -64,14 +65,6 @@ class StaticParams(ar.TaskParams):
     threshold_layout: str
     lr_milestones: Tuple[float, ...]
     lr_gamma: float
-
-    @classmethod
-    def from_params(cls, params: Dict[str, Any]) -> "StaticParams":
-        return super().from_params(params, DEFAULTS)
-
-    @staticmethod
-    def _parse(p: Dict[str, Any]) -> None:
-        p["lr_milestones"] = tuple(p["lr_milestones"])
 
 
 _THRESHOLD_CACHE: Dict[tuple, float] = {}
@@ -134,7 +127,7 @@ def static_config(model: str, ops: Sequence[str], seeds: int, steps: int, *, nam
 
 
 def run(cfg: Config, ctx: Context) -> RunOutput:
-    p = StaticParams.from_params(cfg.params)
+    p = task_params(StaticParams, cfg, ar.task_defaults(DEFAULTS))
     ops, S, seeds, member_seeds, E = run_members(p, cfg)
     I = p.input_size
     interp, extrap = p.interp, p.extrap
@@ -377,7 +370,7 @@ def profile_configs(profile: str) -> List[Config]:
 
 def memory_needs(cfg: Config) -> List[Need]:
     """The dominant tensors of a run (checked before it starts: :mod:`..resources`)."""
-    p = StaticParams.from_params(cfg.params)
+    p = task_params(StaticParams, cfg, ar.task_defaults(DEFAULTS))
     S, E, I, H = float(cfg.seeds), float(cfg.seeds * len(p.ops)), p.input_size, p.hidden
     n = max(p.n_valid, p.n_test)
     return [Need("the float64 inputs of the evaluation sets' targets", "--n-test, --seeds", S * n * I * DOUBLE),
