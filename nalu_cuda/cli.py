@@ -233,6 +233,7 @@ def _print_list(parser: argparse.ArgumentParser, profile: Optional[str]) -> None
     else:
         print(f"Profile {profile}: the configurations of `nalu-cuda reproduce --profile {profile}` and of "
               f"`nalu-cuda <command> --profile {profile}` (--seeds/--steps override).")
+    grand = 0.0
     for exp in all_experiments():
         if profile is None:
             cfgs = exp.configs(_default_namespace(sub.choices[exp.name]))
@@ -243,9 +244,21 @@ def _print_list(parser: argparse.ArgumentParser, profile: Optional[str]) -> None
             continue
         print(f"\n{exp.name}: {exp.help}")
         for c in cfgs:
-            print(f"    {c.name}: {c.seeds:,} seeds x {c.steps:,} steps")
+            print(f"    {c.name}: {c.seeds:,} seeds x {c.steps:,} steps, {_hours(distributed.estimated_hours([c]))}")
         total = sum(c.seeds * c.steps for c in cfgs)
-        print(f"    ({len(cfgs)} configuration{'s' if len(cfgs) != 1 else ''}, {total:,} seed-steps in all)")
+        print(f"    ({len(cfgs)} configuration{'s' if len(cfgs) != 1 else ''}, {total:,} seed-steps in all: "
+              f"{_hours(distributed.estimated_hours(cfgs))} on one core, "
+              f"{_hours(distributed.estimated_hours(cfgs, ranks=2))} on two torchrun ranks)")
+        grand += distributed.estimated_hours(cfgs)
+    print(f"\nIn all: {_hours(grand)} on one CPU core, {_hours(grand / 2)} on two ranks (estimated from the measured "
+          "cost factors: distributed.CPU_UNITS_PER_S; a GPU is faster)")
+
+
+def _hours(h: float) -> str:
+    """An estimated duration, in the unit that reads best."""
+    if h * 60 < 1:
+        return "<1 min"
+    return f"~{h * 60:.0f} min" if h < 1 else f"~{h:.1f} h" if h < 100 else f"~{h / 24:.0f} days"
 
 
 # The headline numbers of a summary.json record, first present first: (key, label, scale).

@@ -66,7 +66,7 @@ from .outdir import OutputDir, RunError
 from .registry import Config, ConfigResult, all_experiments
 
 __all__ = ["Ranks", "launched", "restart_count", "select_local_gpu", "group_store", "init", "rank_device",
-           "estimated_cost", "model_factor", "split_rule", "units", "plan", "run_sharded", "TIMEOUT", "COST_FACTORS",
+           "estimated_cost", "estimated_hours", "CPU_UNITS_PER_S", "model_factor", "split_rule", "units", "plan", "run_sharded", "TIMEOUT", "COST_FACTORS",
            "MODEL_FACTORS"]
 
 # The collectives carry results, not gradients: a rank waits at the gather for the slowest shard.
@@ -97,10 +97,11 @@ COST_FACTORS: Mapping[str, float] = _CostFactors()
 # about 4, so +-20%): whole static runs (8 seeds x 600 steps, one op) gave NAC-mul 1.08, NALU 1.45,
 # NALU separate/independent gate 1.58, the torch MLPs (linear, ReLU) 1.58-1.62; whole recurrent runs
 # LSTM 3.73 and GRU 3.70 against the recurrent NAC; a training step of a two-layer module stack (the
-# units no task builds yet) NAU 1.22, NMU 1.28, NPU 3.6, RealNPU 3.34, iNALU 4.89 against NAC's.
+# units no task builds yet) NAU 1.22, NMU 1.28, NPU 3.6, RealNPU 3.34, iNALU 4.89 against NAC's. The
+# static task's "nmu" model (NAU -> NMU, weights clamped every step) at 50 seeds: 2.0 (CPU_UNITS_PER_S).
 MODEL_FACTORS: Dict[str, float] = {
     "nac": 1.0, "nac-mul": 1.1, "nalu": 1.5, "nalu-separate": 1.6, "nalu-indgate": 1.6, "nalu-separate-indgate": 1.6,
-    "lstm": 3.7, "gru": 3.7, "nau": 1.2, "nmu": 1.3, "npu": 3.6, "realnpu": 3.3, "real-npu": 3.3, "inalu": 4.9,
+    "lstm": 3.7, "gru": 3.7, "nau": 1.2, "nmu": 2.0, "npu": 3.6, "realnpu": 3.3, "real-npu": 3.3, "inalu": 4.9,
 }
 MLP_FACTOR = 1.6  # linear, relu, relu6 and the other activations: torch's batched products
 
@@ -222,6 +223,21 @@ def model_factor(model: Any) -> float:
         if key in exp.model_costs:
             return exp.model_costs[key]
     return 1.5
+
+
+# Cost units (:func:`estimated_cost`) one CPU core trains per second: measured on the 2-core CPU machine,
+# one thread per rank, two ranks (2026-12-03, `torchrun --nproc-per-node 2 -m nalu_cuda static --profile
+# standard --threads 1`): standard-nac-add (100 seeds x 5e5 steps) 1396 s and standard-nac-sub 140 s,
+# both 3.6e4 units/s; standard-linear-add 2.8e4; the NMU model's cell 50 seeds x 2.22e5 steps in 606 s
+# (2.0 x NAC's cost per seed-step, with a third process beside the ranks). So an estimate in hours
+# (`nalu-cuda list`) is good to about a factor of 1.5 for the arithmetic tasks, and rougher for the
+# sequence tasks, whose cost factors come from short quick-profile runs.
+CPU_UNITS_PER_S = 3.6e4
+
+
+def estimated_hours(cfgs: Sequence[Config], ranks: int = 1) -> float:
+    """Hours to train ``cfgs`` on this machine's CPU cores, one per rank (seeds split into blocks)."""
+    return sum(estimated_cost(c) for c in cfgs) / (CPU_UNITS_PER_S * ranks * 3600.0)
 
 
 def estimated_cost(cfg: Config) -> float:

@@ -187,8 +187,21 @@ def test_list_prints_what_the_commands_build(capsys):
         assert cli.main(listed) == 0
         out = capsys.readouterr().out
         for c in want:
-            assert f"    {c.name}: {c.seeds:,} seeds x {c.steps:,} steps" in out
+            assert f"    {c.name}: {c.seeds:,} seeds x {c.steps:,} steps, " in out
         assert ("Profile paper" in out) == ("--profile" in listed)
+        assert "on two torchrun ranks)" in out and "In all: " in out
+
+
+def test_list_hours_follow_the_measured_rate():
+    """The estimate is seeds x steps x the cost factors over the measured CPU rate: the standard
+    profile's NAC+ cell (measured 1396 s on one core) is listed at about 23 minutes."""
+    from nalu_cuda.experiments import distributed
+    from nalu_cuda.experiments.tasks import static
+
+    (nac_add,) = [c for c in static.profile_configs("standard") if c.name == "standard-nac-add"]
+    assert 1396 / 1.5 < distributed.estimated_hours([nac_add]) * 3600 < 1396 * 1.5
+    assert distributed.estimated_hours([nac_add], ranks=2) == distributed.estimated_hours([nac_add]) / 2
+    assert cli._hours(0.001) == "<1 min" and cli._hours(0.5) == "~30 min" and cli._hours(4.63) == "~4.6 h"
 
 
 def test_every_command_takes_profile_and_its_help_shows_the_defaults(capsys):
