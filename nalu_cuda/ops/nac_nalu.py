@@ -141,11 +141,6 @@ def _register_flop_formulas() -> None:
         return products * (2 if compute_grad_x else 1) * _matmul_flops(x, W_hat)
 
 
-if _common.ops is not None:
-    _register_fakes()
-    _register_flop_formulas()
-
-
 # ------------------------------------------------------------------------------------------------
 # Wrappers: each one call of the forward op (through nalu_cuda._C's direct bindings in eager mode,
 # torch.ops while compiling) and one call of its backward op in the backward pass.
