@@ -111,7 +111,11 @@ class NaluParts(NamedTuple):
     g: Tensor
 
 
-def _check_gate_bias(fn: str, W_hat: Tensor, G_bias: Optional[Tensor], gate: str) -> None:
+def _check_gate(fn: str, gate: str, G_bias: Optional[Tensor], W_hat: Tensor) -> None:
+    """The checks of ``gate`` and of ``G_bias`` against it and ``W_hat``, for :func:`nalu_parts` and the fused
+    :func:`nalu_cuda.functional.nalu` and ``nalu_parts`` (``fn`` names the function in the message)."""
+    if gate not in GATES:
+        raise ValueError(f"nalu_cuda.{fn}: argument 'gate' must be one of {GATES}, got {gate!r}")
     if G_bias is None:
         return
     if gate != "input":
@@ -134,11 +138,9 @@ def nalu_parts(
     G_bias: Optional[Tensor] = None,
 ):
     """:func:`nalu` returning ``(y, a, m, g)``: the output and its :class:`NaluParts`."""
-    if gate not in GATES:
-        raise ValueError(f"nalu_cuda.reference.nalu: argument 'gate' must be one of {GATES}, got {gate!r}")
+    _check_gate("reference.nalu", gate, G_bias, W_hat)
     if (W_hat_m is None) != (M_hat_m is None):
         raise ValueError("nalu_cuda.reference.nalu: give both 'W_hat_m' and 'M_hat_m' (separate weights) or neither")
-    _check_gate_bias("reference.nalu", W_hat, G_bias, gate)
     _check_scalar("nalu", "eps", eps, x.dtype)
     W = nac_weight(W_hat, M_hat)
     W_m = W if W_hat_m is None else nac_weight(W_hat_m, M_hat_m)

@@ -43,10 +43,13 @@ def shape_ids(shapes):
     return [f"E{s[0]}-B{'x'.join(map(str, s[1])) or 'none'}-I{s[2]}-O{s[3]}" for s in shapes]
 
 
-def run_fresh_interpreter(code: str, isa=None) -> None:
+def run_fresh_interpreter(code, isa=None) -> None:
     """Runs ``code`` in a fresh interpreter from the repository root, this tree first on its path, with
     ``NALU_CUDA_CPU_ISA=isa`` when given (the instruction set is chosen once per process); fails with
-    the end of its output unless it exits 0."""
+    the end of its output unless it exits 0. ``code`` is Python source, or a function of no arguments
+    at the top level of a module of this tree, which the interpreter imports and calls."""
+    if callable(code):
+        code = f"from {code.__module__} import {code.__name__}\n{code.__name__}()\n"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if isa:

@@ -6,7 +6,6 @@ kept, interrupted configurations continued from their checkpoints) and writes th
 uninterrupted run. The kill is the test-only fault hook of :mod:`distributed` (``NALU_CUDA_TEST_KILL_*``).
 One torchrun launch: two attempts of two fresh interpreters (10-60 s on a busy 2-core machine)."""
 import datetime
-import json
 import os
 import re
 import signal
@@ -20,6 +19,8 @@ import torch.distributed as dist
 import nalu_cuda
 from nalu_cuda import cli
 from nalu_cuda.experiments import distributed
+
+from .test_distributed_sweeps import _numbers
 
 TIMEOUT_S = 240  # four interpreter starts and imports of torch on a busy machine
 SWEEP = ["static", "--model", "nac", "nalu", "relu", "linear", "--op", "add", "sub", "--seeds", "2", "--steps", "300",
@@ -66,15 +67,6 @@ def test_group_store_is_fresh_per_attempt(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert not distributed.group_store(datetime.timedelta(seconds=30)).check(["0"])
     del agent
-
-
-def _numbers(out):
-    """summary.json's records without wall-clock times, and the per-seed CSV."""
-    with open(os.path.join(out, "summary.json")) as f:
-        summary = json.load(f)
-    records = [{k: v for k, v in r.items() if k != "wall_s"} for r in summary["records"]]
-    with open(os.path.join(out, "per_seed_static.csv")) as f:
-        return summary["meta"], records, f.read()
 
 
 def test_killed_rank_is_restarted_and_the_sweep_completes(tmp_path):

@@ -118,74 +118,75 @@ def test_weight_construction_accuracy_float32():
         assert (err <= 1e-6 * want.abs() + 1e-7).all()
 
 
-@pytest.mark.parametrize("isa_env", [None, "base"])
-def test_log_exp_roundtrip_float32_wide_range(isa_env):
+# The checks below run in a fresh interpreter (run_fresh_interpreter), where NALU_CUDA_CPU_ISA chooses
+# the kernels' instruction set: it is chosen once per process.
+
+
+def _log_exp_roundtrip_float32_wide_range():
     # W = tanh(20) * sigmoid(20) = 1 - 2e-9, so y = exp(log(|x| + eps)) ~ |x| + eps: the float32
     # exp and log primitives over 70 decades, including subnormal inputs, and values that overflow.
-    code = (
-        "import torch, nalu_cuda\n"
-        "x = torch.logspace(-40, 38, 4001, dtype=torch.float64)\n"
-        "x = torch.cat([x, -x]).float().reshape(-1, 1)\n"
-        "W = torch.full((1, 1), 20.0); M = torch.full((1, 1), 20.0)\n"
-        "y = nalu_cuda.functional.nac_mul(x, W, M, eps=1e-38).double()\n"
-        "w = (torch.tanh(torch.tensor(20.0, dtype=torch.float64)) * torch.sigmoid(torch.tensor(20.0, dtype=torch.float64)))\n"
-        "want = torch.exp(torch.log(x.double().abs() + 1e-38) * w)\n"
-        "ok = want < 3e38\n"
-        "rel = ((y[ok] - want[ok]).abs() / want[ok]).max().item()\n"
-        "assert rel < 1e-5, rel\n"
-        "assert torch.isinf(y[~ok]).all() or (~ok).sum() == 0\n"
-        "print('ok', rel)\n"
-    )
-    run_fresh_interpreter(code, isa_env)
+    x = torch.logspace(-40, 38, 4001, dtype=torch.float64)
+    x = torch.cat([x, -x]).float().reshape(-1, 1)
+    W = torch.full((1, 1), 20.0)
+    M = torch.full((1, 1), 20.0)
+    y = F.nac_mul(x, W, M, eps=1e-38).double()
+    twenty = torch.tensor(20.0, dtype=torch.float64)
+    w = torch.tanh(twenty) * torch.sigmoid(twenty)
+    want = torch.exp(torch.log(x.double().abs() + 1e-38) * w)
+    ok = want < 3e38
+    rel = ((y[ok] - want[ok]).abs() / want[ok]).max().item()
+    assert rel < 1e-5, rel
+    assert torch.isinf(y[~ok]).all() or (~ok).sum() == 0
+
+
+@pytest.mark.parametrize("isa_env", [None, "base"])
+def test_log_exp_roundtrip_float32_wide_range(isa_env):
+    run_fresh_interpreter(_log_exp_roundtrip_float32_wide_range, isa_env)
+
+
+def _log_path_within_one_ulp_float32():
+    # lx = log(|x| + eps) as each path computes it (lanes, rowwise, blas), against float64 libm's
+    # log of the same float32 sum: within 1 ulp over 78 decades, for a normal eps (the fast positive-argument log)
+    # and a subnormal one (the general log); inf and NaN pass through.
+    x = torch.logspace(-40, 38, 6000, dtype=torch.float64)
+    x = torch.cat([x, -x, torch.rand(1000, dtype=torch.float64) * 4 - 2]).float()
+    x = torch.cat([x, torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan")])])
+    x = x[:x.numel() // 100 * 100]
+    for eps in (1e-7, 1e-38):
+        want = torch.log((x.abs() + torch.tensor(eps, dtype=torch.float32)).double())  # the sum in float32
+        ulp = torch.nextafter(want.float(), torch.tensor(float("inf"))).double() - want.float().double()
+        for I, O in ((1, 1), (100, 2), (100, 20)):
+            xs = x.reshape(-1, I)
+            _, lx = ops.nac_mul_forward(xs, torch.zeros(I, O), torch.zeros(I, O), eps)
+            lx = lx.reshape(-1).double()
+            fin = torch.isfinite(want)
+            err = ((lx[fin] - want[fin]).abs() / ulp[fin]).max().item()
+            assert err <= 1.0, (eps, I, O, err)
+            assert (torch.equal(lx[~fin].isnan(), want[~fin].isnan())
+                    and (lx[~fin] == want[~fin]).sum() == (want[~fin] == want[~fin]).sum())
 
 
 @pytest.mark.parametrize("isa_env", [None, "base"])
 def test_log_path_within_one_ulp_float32(isa_env):
-    # lx = log(|x| + eps) as each path computes it (lanes, rowwise, blas), against float64 libm's
-    # log of the same float32 sum: within 1 ulp over 78 decades, for a normal eps (the fast positive-argument log)
-    # and a subnormal one (the general log); inf and NaN pass through.
-    code = (
-        "import torch, nalu_cuda\n"
-        "ops = torch.ops.nalu_cuda\n"
-        "x = torch.logspace(-40, 38, 6000, dtype=torch.float64)\n"
-        "x = torch.cat([x, -x, torch.rand(1000, dtype=torch.float64) * 4 - 2]).float()\n"
-        "x = torch.cat([x, torch.tensor([0.0, -0.0, float('inf'), -float('inf'), float('nan')])])\n"
-        "x = x[:x.numel() // 100 * 100]\n"
-        "for eps in (1e-7, 1e-38):\n"
-        "    want = torch.log((x.abs() + torch.tensor(eps, dtype=torch.float32)).double())  # the sum in float32\n"
-        "    ulp = torch.nextafter(want.float(), torch.tensor(float('inf'))).double() - want.float().double()\n"
-        "    for I, O in ((1, 1), (100, 2), (100, 20)):\n"
-        "        xs = x.reshape(-1, I)\n"
-        "        _, lx = ops.nac_mul_forward(xs, torch.zeros(I, O), torch.zeros(I, O), eps)\n"
-        "        lx = lx.reshape(-1).double()\n"
-        "        fin = torch.isfinite(want)\n"
-        "        err = ((lx[fin] - want[fin]).abs() / ulp[fin]).max().item()\n"
-        "        assert err <= 1.0, (eps, I, O, err)\n"
-        "        assert torch.equal(lx[~fin].isnan(), want[~fin].isnan()) and (lx[~fin] == want[~fin]).sum() == (want[~fin] == want[~fin]).sum()\n"
-        "print('ok')\n"
-    )
-    run_fresh_interpreter(code, isa_env)
+    run_fresh_interpreter(_log_path_within_one_ulp_float32, isa_env)
+
+
+def _baseline_isa_matches_reference():
+    for unit in UNITS:
+        for shape in [SHAPES[2], SHAPES[4], SHAPES[8]]:
+            E, batch, I, O = shape
+            args, kw = make_args(unit, E, batch, I, O, torch.float32, "cpu")
+            yr, yf, a, b = run_both(unit, args, kw)
+            rtol, atol = tolerances(torch.float32, I)
+            grtol, gatol = tolerances(torch.float32, I, grad=True)
+            torch.testing.assert_close(yf, yr, rtol=rtol, atol=atol)
+            for p, q in zip(a, b):
+                torch.testing.assert_close(q.grad, p.grad, rtol=grtol, atol=gatol)
 
 
 def test_baseline_isa_matches_reference():
     # The kernels compiled for the default target (used on CPUs without AVX2) must agree too.
-    code = (
-        "import torch\n"
-        "from python_tests.test_ops import UNITS, SHAPES, make_args, run_both\n"
-        "from nalu_cuda.testing import tolerances\n"
-        "for unit in UNITS:\n"
-        "    for shape in [SHAPES[2], SHAPES[4], SHAPES[8]]:\n"
-        "        E, batch, I, O = shape\n"
-        "        args, kw = make_args(unit, E, batch, I, O, torch.float32, 'cpu')\n"
-        "        yr, yf, a, b = run_both(unit, args, kw)\n"
-        "        rtol, atol = tolerances(torch.float32, I)\n"
-        "        grtol, gatol = tolerances(torch.float32, I, grad=True)\n"
-        "        torch.testing.assert_close(yf, yr, rtol=rtol, atol=atol)\n"
-        "        for p, q in zip(a, b):\n"
-        "            torch.testing.assert_close(q.grad, p.grad, rtol=grtol, atol=gatol)\n"
-        "print('ok')\n"
-    )
-    run_fresh_interpreter(code, isa="base")
+    run_fresh_interpreter(_baseline_isa_matches_reference, isa="base")
 
 
 def _op_samples(device):

@@ -14,6 +14,12 @@ their kernels:
 Importing this package loads the library and registers every fake and formula. ``nalu_cuda._ops``
 re-exports the names other code reads (``ops``, ``fast``, ``OP_NAMES``, ``KERNEL_DTYPES``, ...).
 """
-from . import _common, nac_nalu, nau_nmu, power, training  # noqa: F401  (importing registers them)
+from . import _common, nac_nalu, nau_nmu, power, training  # noqa: F401  (training: importing registers its fake)
 
 __all__ = ["nac_nalu", "nau_nmu", "power", "training"]
+
+if _common.ops is not None:
+    for _family in (nac_nalu, nau_nmu, power):
+        _family._register_fakes()
+        _family._register_flop_formulas()
+    del _family

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
-from ..reference import DEFAULT_EPS, GATES, _check_gate_bias, _matmul
+from ..reference import DEFAULT_EPS, GATES, _check_gate, _matmul
 from . import _common
 from ._common import (_check_float, _check_match, _check_pair, _check_scalar, _check_x_matches, _fail, _fast,
                       _grad_or_empty, _like, _matmul_flops, _ops_or_raise)
@@ -141,11 +141,6 @@ def _register_flop_formulas() -> None:
         return products * (2 if compute_grad_x else 1) * _matmul_flops(x, W_hat)
 
 
-if _common.ops is not None:
-    _register_fakes()
-    _register_flop_formulas()
-
-
 # ------------------------------------------------------------------------------------------------
 # Wrappers: each one call of the forward op (through nalu_cuda._C's direct bindings in eager mode,
 # torch.ops while compiling) and one call of its backward op in the backward pass.
@@ -177,11 +172,17 @@ def nac_mul(x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: float = DEFAULT_EPS) -
     return y
 
 
-def _with_gate_bias(x, W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias):
-    """The same layer on ``[x, 1]``: a zero row appended to the path weights (``tanh(0) = 0``, so
+def _with_gate_bias(fn, x, W_hat, M_hat, W_hat_m, M_hat_m, G, gate, G_bias):
+    """The checks of ``gate`` and ``G_bias`` (``fn``: the function they name), then, with a ``G_bias``, the
+    same layer on ``[x, 1]``: a zero row appended to the path weights (``tanh(0) = 0``, so
     the ones column adds exactly 0 to ``a`` and to ``log(|x| + eps) W_m``) and ``G_bias`` appended
     to ``G`` as its row, so that the fused op computes ``sigmoid(x G + G_bias)``. Gradients reach
-    the originals through the concatenations; the appended rows' own gradients are dropped."""
+    the originals through the concatenations; the appended rows' own gradients are dropped.
+
+    The wrappers call it only for a ``G_bias`` or a wrong ``gate``: the common call pays no call."""
+    _check_gate(fn, gate, G_bias, W_hat)
+    if G_bias is None:
+        return x, W_hat, M_hat, W_hat_m, M_hat_m, G
     x1 = torch.cat([x, x.new_ones(x.shape[:-1] + (1,))], -1)
 
     def zero_row(w):
@@ -206,11 +207,9 @@ def nalu(
 
     With ``G_bias`` (input gate only) the fused op runs on ``[x, 1]`` (see ``_with_gate_bias``).
     """
-    if gate not in GATES:
-        raise ValueError(f"nalu_cuda.functional.nalu: argument 'gate' must be one of {GATES}, got {gate!r}")
-    if G_bias is not None:
-        _check_gate_bias("functional.nalu", W_hat, G_bias, gate)
-        x, W_hat, M_hat, W_hat_m, M_hat_m, G = _with_gate_bias(x, W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias)
+    if G_bias is not None or gate not in GATES:
+        x, W_hat, M_hat, W_hat_m, M_hat_m, G = _with_gate_bias(
+            "functional.nalu", x, W_hat, M_hat, W_hat_m, M_hat_m, G, gate, G_bias)
     fast = _fast(x)
     if fast is not None:
         return fast.nalu(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
@@ -328,11 +327,9 @@ def nalu_parts(
 ):
     """:func:`nalu` returning ``(y, a, m, g)`` from the one fused forward, all four differentiable
     (see :func:`nalu_cuda.reference.nalu_parts`; ``g`` has ``G``'s shape for an independent gate)."""
-    if gate not in GATES:
-        raise ValueError(f"nalu_cuda.functional.nalu_parts: argument 'gate' must be one of {GATES}, got {gate!r}")
-    if G_bias is not None:
-        _check_gate_bias("functional.nalu_parts", W_hat, G_bias, gate)
-        x, W_hat, M_hat, W_hat_m, M_hat_m, G = _with_gate_bias(x, W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias)
+    if G_bias is not None or gate not in GATES:
+        x, W_hat, M_hat, W_hat_m, M_hat_m, G = _with_gate_bias(
+            "functional.nalu_parts", x, W_hat, M_hat, W_hat_m, M_hat_m, G, gate, G_bias)
     dev = x.device.type
     if torch.is_autocast_enabled(dev):
         # the ops' autocast policy (csrc/common/autocast.cpp): float16/bfloat16 arguments cast to float32

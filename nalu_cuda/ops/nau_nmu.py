@@ -67,11 +67,6 @@ def _register_flop_formulas() -> None:
         return _common._product_flops(x, W, backward=True, grad_x=compute_grad_x)
 
 
-if _common.ops is not None:
-    _register_fakes()
-    _register_flop_formulas()
-
-
 # ------------------------------------------------------------------------------------------------
 # Wrappers
 # ------------------------------------------------------------------------------------------------

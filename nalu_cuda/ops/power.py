@@ -120,11 +120,6 @@ def _register_flop_formulas() -> None:
                 + _product_flops(x, W_hat_m, backward=True))
 
 
-if _common.ops is not None:
-    _register_fakes()
-    _register_flop_formulas()
-
-
 # ------------------------------------------------------------------------------------------------
 # Wrappers (no direct bindings: always torch.ops)
 # ------------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from nalu_cuda.experiments import registry
+from nalu_cuda.experiments.parts.arithmetic_models import build_static_model, member_generators
+from nalu_cuda.experiments.parts.training import EvalSet
 
 
 @pytest.fixture(autouse=True)
@@ -36,3 +38,23 @@ def run_results(task, cfgs, tmp_path):
         results.append(registry.ConfigResult(cfg, out.records, task.EXPERIMENT.summary(cfg, out.records, out.extra),
                                              out.extra))
     return results
+
+
+def sum_problem(members):
+    """A small static task for an ensemble of ``members``: ``(x, t, val)``, 64 inputs in [1, 2)^10 per
+    member, the target ``x0 + x1 + x2 + x3 + x4 + x5`` (two sums of three), and a validation set of
+    100 inputs shared by every member."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(members, 64, 10, generator=g) + 1
+    t = x[..., :3].sum(-1, keepdim=True) + x[..., 3:6].sum(-1, keepdim=True)
+    vx = torch.rand(100, 10, generator=g) + 1
+    vt = vx[:, :3].sum(-1, keepdim=True) + vx[:, 3:6].sum(-1, keepdim=True)
+    return x, t, EvalSet("valid", vx, vt.expand(members, 100, 1))
+
+
+def static_model(kind, members):
+    """The static task's model ``kind`` (10 inputs, 2 hidden) for ``members`` seeds, each member
+    initialised from its own generator."""
+    m = build_static_model(kind, 10, 2, ensemble=members)
+    m.reset_parameters(member_generators(range(members)))
+    return m

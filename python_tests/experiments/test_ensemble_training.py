@@ -7,28 +7,18 @@ import pathlib
 import pytest
 import torch
 
-from nalu_cuda.experiments.parts.arithmetic_models import build_static_model, member_generators
 from nalu_cuda.experiments.parts.optim import FlatAdam
-from nalu_cuda.experiments.parts.training import (DataOptions, EnsembleTraining, EvalOptions, EvalSet, OptimOptions,
-                                                  TrainOptions, UnitHooks, train_ensemble)
+from nalu_cuda.experiments.parts.training import (DataOptions, EnsembleTraining, EvalOptions, OptimOptions, TrainOptions,
+                                                  UnitHooks, train_ensemble)
+
+from .conftest import static_model, sum_problem
 
 E = 3
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[2] / "nalu_cuda" / "experiments"
 
 
-def _task():
-    g = torch.Generator().manual_seed(0)
-    x = torch.rand(E, 64, 10, generator=g) + 1
-    t = x[..., :3].sum(-1, keepdim=True) + x[..., 3:6].sum(-1, keepdim=True)
-    vx = torch.rand(100, 10, generator=g) + 1
-    val = EvalSet("valid", vx, (vx[:, :3].sum(-1, keepdim=True) + vx[:, 3:6].sum(-1, keepdim=True)).expand(E, 100, 1))
-    return x, t, val
-
-
 def _model(kind="nalu"):
-    m = build_static_model(kind, 10, 2, ensemble=E)
-    m.reset_parameters(member_generators(range(E)))
-    return m
+    return static_model(kind, E)
 
 
 def _same(a, b):
@@ -40,7 +30,7 @@ def _same(a, b):
 
 
 def test_train_ensemble_is_the_object():
-    x, t, val = _task()
+    x, t, val = sum_problem(E)
     ref = train_ensemble(_model(), E, lambda s: (x, t), 40, val, eval_every=10, lr=1e-2, clip_value=0.5,
                          lr_milestones=(0.5,))
     opts = TrainOptions(data=DataOptions(batch_fn=lambda s: (x, t)), evaluation=EvalOptions(val=val, eval_every=10),
@@ -49,7 +39,7 @@ def test_train_ensemble_is_the_object():
 
 
 def test_opt_is_an_alias_of_optimizer():
-    x, t, val = _task()
+    x, t, val = sum_problem(E)
     runs = []
     for key in ("opt", "optimizer"):
         m = _model()
@@ -74,7 +64,7 @@ def test_opt_is_an_alias_of_optimizer():
 
 
 def test_hooks_can_be_overridden():
-    x, t, val = _task()
+    x, t, val = sum_problem(E)
 
     class Counting(EnsembleTraining):
         calls = 0

@@ -11,34 +11,25 @@ import torch
 from nalu_cuda.experiments import registry
 from nalu_cuda.experiments.parts import arithmetic_data as ar
 from nalu_cuda.experiments.parts import arithmetic_models as am
-from nalu_cuda.experiments.parts.training import EvalSet, train_ensemble
 from nalu_cuda.experiments.params import task_params
+from nalu_cuda.experiments.parts.training import train_ensemble
 from nalu_cuda.experiments.plugin import register_task, resolve_backend
 from nalu_cuda.experiments.report import fmt_num, plot_per_op
 from nalu_cuda.experiments.tasks import recurrent, static
 from nalu_cuda.experiments.tasks.recurrent import RecurrentParams, recurrent_config
 from nalu_cuda.experiments.tasks.static import StaticParams, static_config
 
+from .conftest import static_model, sum_problem
+
 E = 3
 
 
-def _problem():
-    g = torch.Generator().manual_seed(0)
-    x = torch.rand(E, 64, 10, generator=g) + 1
-    t = x[..., :3].sum(-1, keepdim=True) + x[..., 3:6].sum(-1, keepdim=True)
-    vx = torch.rand(100, 10, generator=g) + 1
-    val = EvalSet("valid", vx, (vx[:, :3].sum(-1, keepdim=True) + vx[:, 3:6].sum(-1, keepdim=True)).expand(E, 100, 1))
-    return x, t, val
-
-
 def _model(kind="nac"):
-    m = am.build_static_model(kind, 10, 2, ensemble=E)
-    m.reset_parameters(am.member_generators(range(E)))
-    return m
+    return static_model(kind, E)
 
 
 def _train(model, steps=40, **hooks):
-    x, t, val = _problem()
+    x, t, val = sum_problem(E)
     return train_ensemble(model, E, lambda s: (x, t), steps, val, eval_every=20, lr=1e-2, **hooks)
 
 
