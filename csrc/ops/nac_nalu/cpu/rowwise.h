@@ -67,8 +67,9 @@ inline void quad_dots(const float* const* x, const float* const* l, const float*
 #endif
 
 template <typename T, bool ADD, bool MUL, Gate GATE>
-void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const FwdOut<T*>& out) {
+void rowwise_forward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& p, const FwdOut<T*>& out) {
   const int64_t I = s.I, O = s.O, N = s.N;
+  const T eps = static_cast<T>(args.eps);
   // Rows go four at a time (below) in quads aligned to multiples of 4 of the flat row index, and
   // the threads split the rows at quad boundaries: whether a row is computed in a quad or alone
   // depends on the row, never on the thread count, so neither do the results.
@@ -187,6 +188,12 @@ void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const FwdOut<
   });
 }
 
+// The same with the arguments one by one (the NAU's call, csrc/ops/nau_nmu/cpu/nau_kernels.h).
+template <typename T, bool ADD, bool MUL, Gate GATE>
+void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const FwdOut<T*>& out) {
+  rowwise_forward<T, ADD, MUL, GATE>(unpacked_args<ADD, MUL, GATE>(false, eps), s, p, out);
+}
+
 // sum_k ps[k][i] c[k] over a group of R rows; for four rows as a tree of two pairs (a short
 // dependency chain; the order is fixed, so the result is too).
 template <int R, typename T>
@@ -201,9 +208,11 @@ inline T group_dot(const T* const* ps, const T* c, int64_t i) {
 }
 
 template <typename T, bool ADD, bool MUL, Gate GATE>
-void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const SavedPtrs<const T*>& sv,
-                      T eps, bool compute_grad_x, const GradPtrs<T>& out) {
+void rowwise_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& p, const SavedPtrs<const T*>& sv,
+                      const GradPtrs<T>& out) {
   const int64_t I = s.I, O = s.O, N = s.N, E = s.E, OI = O * I, NO = N * O;
+  const bool sep = args.kind.sep(), compute_grad_x = args.compute_grad_x;
+  const T eps = static_cast<T>(args.eps);
   const T* dy = sv.dy;
   const int64_t row_work = I * (O + 1) * 3;
   // Each member's rows fall in fixed chunks; a chunk's weight gradients go to its own partial sum.
@@ -338,6 +347,13 @@ void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Sav
   });
 
   sum_partials<T, GATE>(s, sep, chunks, part_size, partials, out);
+}
+
+// The same with the arguments one by one (the NAU's call, csrc/ops/nau_nmu/cpu/nau_kernels.h).
+template <typename T, bool ADD, bool MUL, Gate GATE>
+void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const SavedPtrs<const T*>& sv, T eps,
+                      bool compute_grad_x, const GradPtrs<T>& out) {
+  rowwise_backward<T, ADD, MUL, GATE>(unpacked_args<ADD, MUL, GATE>(sep, eps, compute_grad_x), s, p, sv, out);
 }
 
 }  // namespace
