@@ -188,12 +188,6 @@ void rowwise_forward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& 
   });
 }
 
-// The same with the arguments one by one (the NAU's call, csrc/ops/nau_nmu/cpu/nau_kernels.h).
-template <typename T, bool ADD, bool MUL, Gate GATE>
-void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const FwdOut<T*>& out) {
-  rowwise_forward<T, ADD, MUL, GATE>(unpacked_args<ADD, MUL, GATE>(false, eps), s, p, out);
-}
-
 // sum_k ps[k][i] c[k] over a group of R rows; for four rows as a tree of two pairs (a short
 // dependency chain; the order is fixed, so the result is too).
 template <int R, typename T>
@@ -347,13 +341,6 @@ void rowwise_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>&
   });
 
   sum_partials<T, GATE>(s, sep, chunks, part_size, partials, out);
-}
-
-// The same with the arguments one by one (the NAU's call, csrc/ops/nau_nmu/cpu/nau_kernels.h).
-template <typename T, bool ADD, bool MUL, Gate GATE>
-void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const SavedPtrs<const T*>& sv, T eps,
-                      bool compute_grad_x, const GradPtrs<T>& out) {
-  rowwise_backward<T, ADD, MUL, GATE>(unpacked_args<ADD, MUL, GATE>(sep, eps, compute_grad_x), s, p, sv, out);
 }
 
 }  // namespace
