@@ -1,6 +1,6 @@
 // layer_types.h: the plain data every NAC/NALU kernel agrees on, on the CPU and on the GPU: which
-// paths a layer has (LayerKind), its sizes (Dims), which kernel path takes it, and the pointer
-// bundles of a call. No ATen and no CUDA header: csrc/ops/nac_nalu/checks.h (the ATen-facing checks), the
+// paths a layer has (LayerKind), the scalar arguments of a call (LayerArgs), its sizes (Dims),
+// which kernel path takes it, and the pointer bundles of a call. No ATen and no CUDA header: csrc/ops/nac_nalu/checks.h (the ATen-facing checks), the
 // CPU kernels (csrc/ops/*/cpu/) and the CUDA kernels (csrc/ops/*/cuda/*.cu, compiled by nvcc without
 // ATen) all include it.
 //
@@ -9,6 +9,13 @@
 #pragma once
 
 #include <cstdint>
+
+// LayerKind's predicates are called in the CUDA kernels too (they read a LayerArgs).
+#ifdef __CUDACC__
+#define NALU_LAYER_HD __host__ __device__
+#else
+#define NALU_LAYER_HD
+#endif
 
 namespace nalu_cuda {
 
@@ -22,14 +29,25 @@ struct LayerKind {
   bool tied;  // W_m is W (only meaningful with add && mul)
   Gate gate;  // how a and m are blended (kNone: one path only)
 
-  constexpr bool nalu() const { return add && mul; }
+  NALU_LAYER_HD constexpr bool nalu() const { return add && mul; }
   // Separate multiplicative weights (W_hat_m, M_hat_m): a NALU whose W_m is not W.
-  constexpr bool sep() const { return add && mul && !tied; }
+  NALU_LAYER_HD constexpr bool sep() const { return add && mul && !tied; }
 };
 
 // NAC+ and NAC*; a NALU's kind comes from its arguments (nalu_kind in ops/nac_nalu/checks.h).
 constexpr LayerKind kNacAdd{true, false, true, Gate::kNone};
 constexpr LayerKind kNacMul{false, true, true, Gate::kNone};
+
+// The scalar arguments of one NAC/NALU call, together: made once by the op's entry point
+// (csrc/ops/nac_nalu/ops.h) from the op's arguments and handed unchanged, by const reference (by
+// value into a CUDA kernel), to the kernels, which read what they use (converting a double to the
+// compute type there). A new scalar argument is one field here, set in ops.h and read in the
+// kernel that needs it; no layer in between names it.
+struct LayerArgs {
+  LayerKind kind{};             // which paths (NAC+, NAC*, NALU with its gate, tied or separate weights)
+  double eps = 0.0;             // NAC*, NALU: lx = log(|x| + eps)
+  bool compute_grad_x = false;  // backward ops: whether grad_x is asked for
+};
 
 struct Dims {
   int64_t E = 1, N = 0, I = 0, O = 0;

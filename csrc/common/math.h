@@ -146,43 +146,23 @@ NALU_HOST_INLINE float host_tanhf(float x) {
 #endif  // !__CUDA_ARCH__
 
 // ---------------------------------------------------------------------------------------------
-// Primitives by platform and precision.
+// Primitives by platform and precision: in float, CUDA's function on the device and the host
+// version above (or std::fabs) on the host; in double, the C library's on both.
 // ---------------------------------------------------------------------------------------------
-NALU_HD float exp_(float v) {
 #if defined(__CUDA_ARCH__)
-  return expf(v);
+#define NALU_PRIMITIVE(NAME, DEVICE_F, HOST_F, DOUBLE_F) \
+  NALU_HD float NAME(float v) { return DEVICE_F(v); }    \
+  NALU_HD double NAME(double v) { return DOUBLE_F(v); }
 #else
-  return host_expf(v);
+#define NALU_PRIMITIVE(NAME, DEVICE_F, HOST_F, DOUBLE_F) \
+  NALU_HD float NAME(float v) { return HOST_F(v); }      \
+  NALU_HD double NAME(double v) { return DOUBLE_F(v); }
 #endif
-}
-NALU_HD double exp_(double v) { return ::exp(v); }
-
-NALU_HD float log_(float v) {
-#if defined(__CUDA_ARCH__)
-  return logf(v);
-#else
-  return host_logf(v);
-#endif
-}
-NALU_HD double log_(double v) { return ::log(v); }
-
-NALU_HD float tanh_(float v) {
-#if defined(__CUDA_ARCH__)
-  return tanhf(v);
-#else
-  return host_tanhf(v);
-#endif
-}
-NALU_HD double tanh_(double v) { return ::tanh(v); }
-
-NALU_HD float abs_(float v) {
-#if defined(__CUDA_ARCH__)
-  return fabsf(v);
-#else
-  return std::fabs(v);
-#endif
-}
-NALU_HD double abs_(double v) { return ::fabs(v); }
+NALU_PRIMITIVE(exp_, expf, host_expf, ::exp)
+NALU_PRIMITIVE(log_, logf, host_logf, ::log)
+NALU_PRIMITIVE(tanh_, tanhf, host_tanhf, ::tanh)
+NALU_PRIMITIVE(abs_, fabsf, std::fabs, ::fabs)
+#undef NALU_PRIMITIVE
 
 }  // namespace math
 }  // namespace nalu_cuda

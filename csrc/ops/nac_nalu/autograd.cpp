@@ -29,6 +29,29 @@ using OptTensor = c10::optional<Tensor>;
 
 Tensor or_undefined(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 
+// The scalar arguments of a forward op, in its schema's order, as one unit: one argument of the
+// Function's apply (so one gradient slot, always undefined), one saved value, passed whole to the
+// forward op and to its backward op (whose schema takes the same scalars in the same order, then
+// compute_grad_x). A new scalar argument is one more type here and one more parameter of the op's
+// *_autograd entry at the end of this file.
+using NacMulScalars = std::tuple<double>;      // eps
+using NaluScalars = std::tuple<double, bool>;  // eps, input_gate
+
+// The typed signature Ret(Before..., the scalars of Scalars..., After...) of an op.
+template <typename Ret, typename Scalars, typename... Before>
+struct WithScalars;
+template <typename Ret, typename... S, typename... Before>
+struct WithScalars<Ret, std::tuple<S...>, Before...> {
+  template <typename... After>
+  using sig = Ret(Before..., S..., After...);
+};
+
+// The scalars as the forward saved them (ctx->saved_data["scalars"] = scalars).
+template <typename Scalars>
+Scalars saved_scalars(AutogradContext* ctx) {
+  return ctx->saved_data["scalars"].to<Scalars>();
+}
+
 // ------------------------------------------------------------------------------------------------
 // Differentiable backward (create_graph=True), one function per op, in ATen ops only.
 // Shapes: a plain layer has W (I, O) and x (..., I); an ensemble W (E, I, O) and x (E, ..., I).
@@ -187,31 +210,33 @@ class NacFunction : public torch::autograd::Function<NacFunction> {
 class NacMulFunction : public torch::autograd::Function<NacMulFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
-                               double eps) {
-    static auto op = find_op<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double)>(
-        "nalu_cuda::nac_mul_forward");
+                               const NacMulScalars& scalars) {
+    static auto op = find_op<WithScalars<std::tuple<Tensor, Tensor>, NacMulScalars, const Tensor&, const Tensor&,
+                                         const Tensor&>::sig<>>("nalu_cuda::nac_mul_forward");
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, lx] = op.call(x, W_hat, M_hat, eps);
+    auto [y, lx] = std::apply([&](auto... sc) { return op.call(x, W_hat, M_hat, sc...); }, scalars);
     ctx->save_for_backward({x, W_hat, M_hat, y, lx});
-    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["scalars"] = scalars;
     ctx->mark_non_differentiable({lx});
     ctx->set_materialize_grads(false);  // no zero-filled gradients for lx
     return {y, lx};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto op = find_op<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
-                                                                const Tensor&, const Tensor&, const Tensor&,
-                                                                double, bool)>("nalu_cuda::nac_mul_backward");
+    static auto op = find_op<WithScalars<std::tuple<Tensor, Tensor, Tensor>, NacMulScalars, const Tensor&,
+                                         const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                         const Tensor&>::sig<bool>>("nalu_cuda::nac_mul_backward");
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
     auto s = ctx->get_saved_variables();
     const bool need_x = ctx->needs_input_grad(0);
-    const double eps = ctx->saved_data["eps"].toDouble();
+    const auto scalars = saved_scalars<NacMulScalars>(ctx);
     if (at::GradMode::is_enabled()) {
+      const auto [eps] = scalars;
       auto r = nac_mul_backward_composite(grads[0], s[0], s[1], s[2], eps, need_x);
       r.emplace_back();
       return r;
     }
-    auto [gx, gw, gm] = op.call(grads[0], s[0], s[1], s[2], s[3], s[4], eps, need_x);
+    auto [gx, gw, gm] = std::apply(
+        [&](auto... sc) { return op.call(grads[0], s[0], s[1], s[2], s[3], s[4], sc..., need_x); }, scalars);
     return {need_x ? gx : Tensor(), gw, gm, Tensor()};
   }
 };
@@ -219,50 +244,45 @@ class NacMulFunction : public torch::autograd::Function<NacMulFunction> {
 class NaluFunction : public torch::autograd::Function<NaluFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
-                               const OptTensor& W_hat_m, const OptTensor& M_hat_m, const Tensor& G, double eps,
-                               bool input_gate) {
-    static auto op =
-        find_op<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
-                                                                   const OptTensor&, const OptTensor&, const Tensor&,
-                                                                   double, bool)>("nalu_cuda::nalu_forward");
+                               const OptTensor& W_hat_m, const OptTensor& M_hat_m, const Tensor& G,
+                               const NaluScalars& scalars) {
+    static auto op = find_op<WithScalars<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>, NaluScalars, const Tensor&,
+                                         const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
+                                         const Tensor&>::sig<>>("nalu_cuda::nalu_forward");
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, a, m, g, lx] = op.call(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate);
+    auto [y, a, m, g, lx] =
+        std::apply([&](auto... sc) { return op.call(x, W_hat, M_hat, W_hat_m, M_hat_m, G, sc...); }, scalars);
     ctx->save_for_backward({x, W_hat, M_hat, or_undefined(W_hat_m), or_undefined(M_hat_m), G, a, m, g, lx});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["input_gate"] = input_gate;
+    ctx->saved_data["scalars"] = scalars;
     ctx->saved_data["separate"] = W_hat_m.has_value();
     ctx->mark_non_differentiable({a, m, g, lx});
     ctx->set_materialize_grads(false);  // no zero-filled gradients for a, m, g, lx
     return {y, a, m, g, lx};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto op = find_op<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>(
-        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
-        const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, bool, bool)>(
-        "nalu_cuda::nalu_backward");
-    if (!grads[0].defined()) return variable_list(8);
+    static auto op = find_op<WithScalars<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>, NaluScalars,
+                                         const Tensor&, const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
+                                         const OptTensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                         const Tensor&>::sig<bool>>("nalu_cuda::nalu_backward");
+    if (!grads[0].defined()) return variable_list(7);
     auto s = ctx->get_saved_variables();
     const bool separate = ctx->saved_data["separate"].toBool();
     const OptTensor W_hat_m = separate ? OptTensor(s[3]) : c10::nullopt;
     const OptTensor M_hat_m = separate ? OptTensor(s[4]) : c10::nullopt;
     const bool need_x = ctx->needs_input_grad(0);
-    const double eps = ctx->saved_data["eps"].toDouble();
-    const bool input_gate = ctx->saved_data["input_gate"].toBool();
+    const auto scalars = saved_scalars<NaluScalars>(ctx);
     if (at::GradMode::is_enabled()) {
+      const auto [eps, input_gate] = scalars;
       auto r = nalu_backward_composite(grads[0], s[0], s[1], s[2], W_hat_m, M_hat_m, s[5], eps, input_gate, need_x);
-      r.resize(8);
+      r.resize(7);
       return r;
     }
-    auto [gx, gw, gm, gwm, gmm, gG] = op.call(grads[0], s[0], s[1], s[2], W_hat_m, M_hat_m, s[5], s[6], s[7], s[8],
-                                              s[9], eps, input_gate, need_x);
-    return {need_x ? gx : Tensor(),
-            gw,
-            gm,
-            separate ? gwm : Tensor(),
-            separate ? gmm : Tensor(),
-            gG,
-            Tensor(),
-            Tensor()};
+    auto [gx, gw, gm, gwm, gmm, gG] = std::apply(
+        [&](auto... sc) {
+          return op.call(grads[0], s[0], s[1], s[2], W_hat_m, M_hat_m, s[5], s[6], s[7], s[8], s[9], sc..., need_x);
+        },
+        scalars);
+    return {need_x ? gx : Tensor(), gw, gm, separate ? gwm : Tensor(), separate ? gmm : Tensor(), gG, Tensor()};
   }
 };
 
@@ -276,7 +296,7 @@ Tensor nac_forward_autograd(const Tensor& x, const Tensor& W_hat, const Tensor& 
 
 std::tuple<Tensor, Tensor> nac_mul_forward_autograd(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
                                                     double eps) {
-  auto r = NacMulFunction::apply(x, W_hat, M_hat, eps);
+  auto r = NacMulFunction::apply(x, W_hat, M_hat, NacMulScalars{eps});
   return {r[0], r[1]};
 }
 
@@ -284,7 +304,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> nalu_forward_autograd(const T
                                                                          const Tensor& M_hat, const OptTensor& W_hat_m,
                                                                          const OptTensor& M_hat_m, const Tensor& G,
                                                                          double eps, bool input_gate) {
-  auto r = NaluFunction::apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate);
+  auto r = NaluFunction::apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, NaluScalars{eps, input_gate});
   return {r[0], r[1], r[2], r[3], r[4]};
 }
 

@@ -30,8 +30,9 @@ struct Weights {
 // u (NAC*: in f.y; NALU: in f.m) and z (input gate: in f.g); then `epilogue()` makes
 // m = exp(u), g = sigmoid(z) and y = g a + (1 - g) m. NAC+ has no epilogue.
 template <typename Epilogue>
-void forward(const LayerKind& kind, const Dims& d, const at::Tensor& x3, const Weights& w, Forward& f,
+void forward(const LayerArgs& args, const Dims& d, const at::Tensor& x3, const Weights& w, Forward& f,
              Epilogue&& epilogue) {
+  const LayerKind& kind = args.kind;
   at::Tensor y3 = f.y.view({d.E, d.N, d.O});
   if (!kind.mul) {  // NAC+
     at::bmm_out(y3, x3, w.W);
@@ -66,9 +67,10 @@ enum class OutputGrad { kDa, kDu, kDz };
 // and dx holds du W_m^T only: there the device scales dx (NAC*, NALU) and may run the weight
 // construction's backward.
 template <typename Fill, typename AfterWeightProducts>
-void backward(const LayerKind& kind, const Dims& d, const at::Tensor& x3, const at::Tensor& lx, const Weights& w,
+void backward(const LayerArgs& args, const Dims& d, const at::Tensor& x3, const at::Tensor& lx, const Weights& w,
               const at::Tensor& buf, const at::Tensor& dx, const at::Tensor& dW, const at::Tensor& dWm,
               const at::Tensor& dG, Fill&& fill, AfterWeightProducts&& after_weight_products) {
+  const LayerKind& kind = args.kind;
   const bool sep = kind.sep();
   const at::Tensor xT = x3.transpose(1, 2);
   at::Tensor dx3 = dx.defined() ? dx.view({d.E, d.N, d.I}) : at::Tensor();

@@ -60,6 +60,10 @@ LayerShape check_layer(const char* op, const LayerKind& kind, const at::Tensor& 
   return s;
 }
 
+LayerShape check_layer(const char* op, const LayerArgs& args, const at::Tensor& x, const LayerParams& p) {
+  return check_layer(op, args.kind, x, p, args.eps);
+}
+
 void check_saved(const char* op, const LayerKind& kind, const LayerShape& s, const at::Tensor& x,
                  const at::Tensor& G, const at::Tensor& grad_y, const at::Tensor& a,
                  const at::Tensor& m, const at::Tensor& g, const at::Tensor& lx) {

@@ -58,6 +58,10 @@ void check_weight_pair(const char* op, const at::Tensor& W_hat, const at::Tensor
 LayerShape check_layer(const char* op, const LayerKind& kind, const at::Tensor& x,
                        const LayerParams& params, double eps);
 
+// The same for the scalar arguments of a NAC/NALU call (the entry points, ops.h): a scalar that
+// must be checked is checked here.
+LayerShape check_layer(const char* op, const LayerArgs& args, const at::Tensor& x, const LayerParams& params);
+
 // Checks a backward op's grad_y and the forward results it was given: a, m, g for NALU; m (the
 // forward's y) for NAC*; lx for both. Undefined tensors are not checked (not used by the kind).
 void check_saved(const char* op, const LayerKind& kind, const LayerShape& s, const at::Tensor& x,

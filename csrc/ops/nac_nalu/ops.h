@@ -1,22 +1,24 @@
 // ops.h: the NAC/NALU ops' entry points, written once for every device: one C++ signature
-// per op (matching its schema in the families' schema.cpp (csrc/ops/*/schema.cpp)), the shared argument checks, and the
+// per op (matching its schema in csrc/ops/nac_nalu/schema.cpp), the shared argument checks, and the
 // registration of the eight kernels under a device's dispatch key.
 //
+// Each entry point gathers the op's scalar arguments into one LayerArgs (csrc/common/layer_types.h:
+// the kind, eps, compute_grad_x), once, and every layer below passes that struct on unchanged.
 // A device (csrc/ops/nac_nalu/cpu/nac_nalu_cpu.cpp, csrc/ops/nac_nalu/cuda/nac_nalu_cuda.cpp) supplies a struct `Dev` with
 //   static void check_input(const char* op, const char* name, const at::Tensor& t);
 //       what only that device requires of the argument the op runs on (its device, its dtypes)
-//   static Forward forward(const LayerKind&, const LayerShape&, const at::Tensor& x,
-//                          const LayerParams&, double eps);
-//   static Backward backward(const LayerKind&, const LayerShape&, const at::Tensor& grad_y,
-//                            const at::Tensor& x, const LayerParams&, const Forward& saved,
-//                            double eps, bool compute_grad_x);
+//   static Forward forward(const LayerArgs&, const LayerShape&, const at::Tensor& x, const LayerParams&);
+//   static Backward backward(const LayerArgs&, const LayerShape&, const at::Tensor& grad_y,
+//                            const at::Tensor& x, const LayerParams&, const Forward& saved);
 //   static at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat);
 //   static std::tuple<at::Tensor, at::Tensor> weight_backward(const at::Tensor& grad_W,
 //                                                            const at::Tensor& W_hat, const at::Tensor& M_hat);
 // all called with checked arguments (the parameters contiguous and owned by the LayerParams for the
 // whole call), and registers the ops with `LayerOps<Dev>::register_kernels(m)` in its
-// TORCH_LIBRARY_IMPL. So adding an argument to an op touches its schema, its signature here, the
-// devices' kernels and the Python wrapper (nalu_cuda/_ops.py), not one copy per device.
+// TORCH_LIBRARY_IMPL. So adding a scalar argument to an op touches its schema, its signature here
+// (one field of the LayerArgs it builds), the LayerArgs field, the kernels that read it, autograd,
+// the fast path in csrc/module.cpp and the Python wrapper (nalu_cuda/ops/nac_nalu.py): not every
+// layer in between, nor one copy per device (ARCHITECTURE.md, "Add a scalar argument to a NAC/NALU op").
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -58,18 +60,18 @@ struct LayerOps {
   }
 
   static Tensor nac_forward(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat) {
-    return forward("nalu_cuda::nac_forward", kNacAdd, x, params(W_hat, M_hat), 0.0).y;
+    return forward("nalu_cuda::nac_forward", {.kind = kNacAdd}, x, params(W_hat, M_hat)).y;
   }
 
   static Tensor3 nac_backward(const Tensor& grad_y, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
                               bool compute_grad_x) {
-    const Backward g = backward("nalu_cuda::nac_backward", kNacAdd, grad_y, x, params(W_hat, M_hat), Forward{}, 0.0,
-                                compute_grad_x);
+    const Backward g = backward("nalu_cuda::nac_backward", {.kind = kNacAdd, .compute_grad_x = compute_grad_x},
+                                grad_y, x, params(W_hat, M_hat), Forward{});
     return {g.grad_x, g.grad_W_hat, g.grad_M_hat};
   }
 
   static Tensor2 nac_mul_forward(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, double eps) {
-    const Forward f = forward("nalu_cuda::nac_mul_forward", kNacMul, x, params(W_hat, M_hat), eps);
+    const Forward f = forward("nalu_cuda::nac_mul_forward", {.kind = kNacMul, .eps = eps}, x, params(W_hat, M_hat));
     return {f.y, f.lx};
   }
 
@@ -78,15 +80,16 @@ struct LayerOps {
     Forward saved;
     saved.m = y;  // NAC*'s y is its multiplicative path
     saved.lx = lx;
-    const Backward g = backward("nalu_cuda::nac_mul_backward", kNacMul, grad_y, x, params(W_hat, M_hat), saved, eps,
-                                compute_grad_x);
+    const Backward g = backward("nalu_cuda::nac_mul_backward",
+                                {.kind = kNacMul, .eps = eps, .compute_grad_x = compute_grad_x}, grad_y, x,
+                                params(W_hat, M_hat), saved);
     return {g.grad_x, g.grad_W_hat, g.grad_M_hat};
   }
 
   static Tensor5 nalu_forward(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m,
                               const OptTensor& M_hat_m, const Tensor& G, double eps, bool input_gate) {
-    const Forward f = forward("nalu_cuda::nalu_forward", nalu_kind(W_hat_m, M_hat_m, input_gate), x,
-                              params(W_hat, M_hat, W_hat_m, M_hat_m, G), eps);
+    const Forward f = forward("nalu_cuda::nalu_forward", {.kind = nalu_kind(W_hat_m, M_hat_m, input_gate), .eps = eps},
+                              x, params(W_hat, M_hat, W_hat_m, M_hat_m, G));
     return {f.y, f.a, f.m, f.g, f.lx};
   }
 
@@ -95,8 +98,9 @@ struct LayerOps {
                                const Tensor& m, const Tensor& g, const Tensor& lx, double eps, bool input_gate,
                                bool compute_grad_x) {
     const Forward saved{Tensor(), a, m, g, lx};
-    const Backward r = backward("nalu_cuda::nalu_backward", nalu_kind(W_hat_m, M_hat_m, input_gate), grad_y, x,
-                                params(W_hat, M_hat, W_hat_m, M_hat_m, G), saved, eps, compute_grad_x);
+    const LayerArgs args{.kind = nalu_kind(W_hat_m, M_hat_m, input_gate), .eps = eps, .compute_grad_x = compute_grad_x};
+    const Backward r =
+        backward("nalu_cuda::nalu_backward", args, grad_y, x, params(W_hat, M_hat, W_hat_m, M_hat_m, G), saved);
     return {r.grad_x, r.grad_W_hat, r.grad_M_hat, r.grad_W_hat_m, r.grad_M_hat_m, r.grad_G};
   }
 
@@ -127,22 +131,22 @@ struct LayerOps {
     return p;
   }
 
-  static Forward forward(const char* op, const LayerKind& kind, const Tensor& x, const LayerParams& p, double eps) {
-    const LayerShape s = check_layer(op, kind, x, p, eps);
+  static Forward forward(const char* op, const LayerArgs& args, const Tensor& x, const LayerParams& p) {
+    const LayerShape s = check_layer(op, args, x, p);
     Dev::check_input(op, "x", x);
-    return Dev::forward(kind, s, x, p, eps);
+    return Dev::forward(args, s, x, p);
   }
 
   // Gradients that were not asked for (grad_x when compute_grad_x is false, the separate weights'
   // when tied) come back as the (0,)-shaped tensors of the schema.
-  static Backward backward(const char* op, const LayerKind& kind, const Tensor& grad_y, const Tensor& x,
-                           const LayerParams& p, const Forward& saved, double eps, bool compute_grad_x) {
-    const LayerShape s = check_layer(op, kind, x, p, eps);
+  static Backward backward(const char* op, const LayerArgs& args, const Tensor& grad_y, const Tensor& x,
+                           const LayerParams& p, const Forward& saved) {
+    const LayerShape s = check_layer(op, args, x, p);
     Dev::check_input(op, "x", x);
-    check_saved(op, kind, s, x, p.G, grad_y, saved.a, saved.m, saved.g, saved.lx);
-    Backward r = Dev::backward(kind, s, grad_y, x, p, saved, eps, compute_grad_x);
+    check_saved(op, args.kind, s, x, p.G, grad_y, saved.a, saved.m, saved.g, saved.lx);
+    Backward r = Dev::backward(args, s, grad_y, x, p, saved);
     if (!r.grad_x.defined()) r.grad_x = empty_grad(x);
-    if (kind.nalu() && kind.tied) {
+    if (args.kind.nalu() && args.kind.tied) {
       r.grad_W_hat_m = empty_grad(x);
       r.grad_M_hat_m = empty_grad(x);
     }

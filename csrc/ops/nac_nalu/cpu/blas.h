@@ -47,8 +47,9 @@ BlasWeights blas_weights(const LayerKind& kind, const LayerShape& s, const Layer
 // blas path, forward: lx, then the products (csrc/blas_path.h), then one fused epilogue (exp,
 // sigmoid, blend).
 template <typename T>
-void blas_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& x3, const BlasWeights& b, T eps,
-                  Forward& f) {
+void blas_forward(const LayerArgs& args, const LayerShape& s, const at::Tensor& x3, const BlasWeights& b, Forward& f) {
+  const LayerKind& kind = args.kind;
+  const T eps = static_cast<T>(args.eps);
   const int64_t count = s.E * s.N * s.O;
   if (kind.mul) {
     const T* x = x3.const_data_ptr<T>();
@@ -57,7 +58,7 @@ void blas_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& 
       log_abs_run(x + k0, lx + k0, k1 - k0, eps);
     });
   }
-  blas_path::forward(kind, s, x3, b.w, f, [&] {
+  blas_path::forward(args, s, x3, b.w, f, [&] {
     T* y = f.y.data_ptr<T>();
     if (!kind.add) {  // NAC*: y holds u
       parallel_simd(count, 32, [=](int64_t k) { y[k] = nm::exp_(y[k]); });
@@ -84,9 +85,11 @@ void blas_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& 
 // pass into the one (E, N, O) buffer, and dx scaled by sign(x) / (|x| + eps) in place.
 // dW, dWm: gradients w.r.t. W, W_m, (E, I, O); dG: w.r.t. G in G's shape; dx in x's shape.
 template <typename T>
-void blas_backward(const LayerKind& kind, const LayerShape& s, const at::Tensor& x3, const BlasWeights& b,
-                   const SavedPtrs<const T*>& sv, const at::Tensor& lx, T eps, const at::Tensor& dx,
-                   const at::Tensor& dW, const at::Tensor& dWm, const at::Tensor& dG) {
+void blas_backward(const LayerArgs& args, const LayerShape& s, const at::Tensor& x3, const BlasWeights& b,
+                   const SavedPtrs<const T*>& sv, const at::Tensor& lx, const at::Tensor& dx, const at::Tensor& dW,
+                   const at::Tensor& dWm, const at::Tensor& dG) {
+  const LayerKind& kind = args.kind;
+  const T eps = static_cast<T>(args.eps);
   const int64_t O = s.O, NO = s.N * s.O, count = s.E * NO;
   at::Tensor d = at::empty({s.E, s.N, s.O}, x3.options());
   T* dp = d.data_ptr<T>();
@@ -106,7 +109,7 @@ void blas_backward(const LayerKind& kind, const LayerShape& s, const at::Tensor&
     T* dxp = dx.data_ptr<T>();
     parallel_simd(dx.numel(), 8, [=](int64_t k) { dxp[k] *= nm::log_abs_grad(xp[k], eps); });
   };
-  blas_path::backward(kind, s, x3, lx, b.w, d, dx, dW, dWm, dG, fill, scale_dx);
+  blas_path::backward(args, s, x3, lx, b.w, d, dx, dW, dWm, dG, fill, scale_dx);
 }
 
 }  // namespace

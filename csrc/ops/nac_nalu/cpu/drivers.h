@@ -78,8 +78,8 @@ void weight_backward_into(const T* dW, const at::Tensor& W_hat, const at::Tensor
 
 }  // namespace
 
-Forward layer_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& x, const LayerParams& p,
-                      double eps) {
+Forward layer_forward(const LayerArgs& args, const LayerShape& s, const at::Tensor& x, const LayerParams& p) {
+  const LayerKind& kind = args.kind;
   const bool nalu = kind.nalu();
   const at::Tensor xc = x.contiguous();
   auto opts = x.options();
@@ -93,11 +93,10 @@ Forward layer_forward(const LayerKind& kind, const LayerShape& s, const at::Tens
     if (kind.gate == Gate::kInput) f.g = at::empty(s.out_sizes, opts);
   }
   dispatch_float(x.scalar_type(), [&]<typename T>() {
-    const T teps = static_cast<T>(eps);
     if (!rowwise_shape(s)) {
       const BlasWeights b = blas_weights(kind, s, p);
       if (kind.gate == Gate::kIndependent) f.g = b.gind;
-      blas_forward<T>(kind, s, xc.view({s.E, s.N, s.I}), b, teps, f);
+      blas_forward<T>(args, s, xc.view({s.E, s.N, s.I}), b, f);
       return;
     }
     const RowwiseWeights<T> w = rowwise_weights<T>(kind, s, p, xc.const_data_ptr<T>());
@@ -113,17 +112,18 @@ Forward layer_forward(const LayerKind& kind, const LayerShape& s, const at::Tens
     out.lx = ptr_or_null<T>(f.lx);
     dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
       if (lanes_shape(s)) {
-        lanes_forward<T, ADD, MUL, GATE>(s, w.ptrs, teps, out);
+        lanes_forward<T, ADD, MUL, GATE>(args, s, w.ptrs, out);
       } else {
-        rowwise_forward<T, ADD, MUL, GATE>(s, w.ptrs, teps, out);
+        rowwise_forward<T, ADD, MUL, GATE>(args, s, w.ptrs, out);
       }
     });
   });
   return f;
 }
 
-Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Tensor& grad_y, const at::Tensor& x,
-                        const LayerParams& p, const Forward& saved, double eps, bool compute_grad_x) {
+Backward layer_backward(const LayerArgs& args, const LayerShape& s, const at::Tensor& grad_y, const at::Tensor& x,
+                        const LayerParams& p, const Forward& saved) {
+  const LayerKind& kind = args.kind;
   const bool nalu = kind.nalu();
   const bool sep = kind.sep();
   auto opts = x.options();
@@ -134,7 +134,7 @@ Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Te
   const at::Tensor g = kind.gate != Gate::kNone ? saved.g.contiguous() : at::Tensor();
   const at::Tensor lx = kind.mul ? saved.lx.contiguous() : at::Tensor();
   Backward r;
-  if (compute_grad_x) r.grad_x = at::empty(x.sizes(), opts);
+  if (args.compute_grad_x) r.grad_x = at::empty(x.sizes(), opts);
   if (kind.gate != Gate::kNone) r.grad_G = at::empty(p.G.sizes(), opts);
 
   dispatch_float(x.scalar_type(), [&]<typename T>() {
@@ -144,7 +144,6 @@ Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Te
     sv.m = cptr_or_null<T>(m);
     sv.g = cptr_or_null<T>(g);
     sv.lx = cptr_or_null<T>(lx);
-    const T teps = static_cast<T>(eps);
     // Gradients w.r.t. W (and W_m), (E, I, O), before the weight construction's backward.
     const int64_t n = s.E * s.I * s.O;
     std::vector<T> dW(static_cast<size_t>(n * (sep ? 2 : 1)));
@@ -153,9 +152,9 @@ Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Te
       auto opts3 = at::TensorOptions().dtype(x.scalar_type());
       at::Tensor dW_t = at::from_blob(dW.data(), {s.E, s.I, s.O}, opts3);
       at::Tensor dWm_t = sep ? at::from_blob(dW.data() + n, {s.E, s.I, s.O}, opts3) : at::Tensor();
-      blas_backward<T>(kind, s, xc.view({s.E, s.N, s.I}), b, sv, lx, teps, r.grad_x, dW_t, dWm_t, r.grad_G);
+      blas_backward<T>(args, s, xc.view({s.E, s.N, s.I}), b, sv, lx, r.grad_x, dW_t, dWm_t, r.grad_G);
     } else {
-      const RowwiseWeights<T> w = rowwise_weights<T>(kind, s, p, xc.const_data_ptr<T>(), compute_grad_x);
+      const RowwiseWeights<T> w = rowwise_weights<T>(kind, s, p, xc.const_data_ptr<T>(), args.compute_grad_x);
       GradPtrs<T> gp;
       gp.dx = ptr_or_null<T>(r.grad_x);
       gp.dW = dW.data();
@@ -163,9 +162,9 @@ Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Te
       gp.dG = ptr_or_null<T>(r.grad_G);
       dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
         if (lanes_shape(s)) {
-          lanes_backward<T, ADD, MUL, GATE>(s, sep, w.ptrs, sv, teps, compute_grad_x, gp);
+          lanes_backward<T, ADD, MUL, GATE>(args, s, w.ptrs, sv, gp);
         } else {
-          rowwise_backward<T, ADD, MUL, GATE>(s, sep, w.ptrs, sv, teps, compute_grad_x, gp);
+          rowwise_backward<T, ADD, MUL, GATE>(args, s, w.ptrs, sv, gp);
         }
       });
     }

@@ -1,6 +1,7 @@
 // kernels.h: the NAC/NALU CPU kernels' interface, declared once per instruction set (they are
 // defined in kernels_impl.h and its parts, compiled per instruction set by
-// csrc/common/cpu/kernels_*.cpp). Arguments are checked by the caller (nac_nalu_cpu.cpp).
+// csrc/common/cpu/kernels_*.cpp). Arguments are checked by the caller (ops.h); the scalar
+// arguments come as one LayerArgs (csrc/common/layer_types.h), read by the kernel that uses each.
 #pragma once
 
 #include "common/cpu/isa.h"
@@ -13,11 +14,10 @@ namespace cpu {
 
 #define NAC_NALU_CPU_DECLARE_KERNELS(ISA)                                                          \
   namespace ISA {                                                                                 \
-  Forward layer_forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& x,          \
-                        const LayerParams& p, double eps);                                        \
-  Backward layer_backward(const LayerKind& kind, const LayerShape& s, const at::Tensor& grad_y,   \
-                          const at::Tensor& x, const LayerParams& p, const Forward& saved,        \
-                          double eps, bool compute_grad_x);                                       \
+  Forward layer_forward(const LayerArgs& args, const LayerShape& s, const at::Tensor& x,          \
+                        const LayerParams& p);                                                    \
+  Backward layer_backward(const LayerArgs& args, const LayerShape& s, const at::Tensor& grad_y,   \
+                          const at::Tensor& x, const LayerParams& p, const Forward& saved);       \
   at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat);                            \
   std::tuple<at::Tensor, at::Tensor> weight_backward(const at::Tensor& grad_W, const at::Tensor& W_hat, \
                                                      const at::Tensor& M_hat);                     \

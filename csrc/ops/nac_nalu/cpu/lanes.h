@@ -58,8 +58,9 @@ inline void from_columns(const T* src, T* dst, int64_t R, int64_t K) {
 }
 
 template <typename T, bool ADD, bool MUL, Gate GATE>
-void lanes_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const FwdOut<T*>& out) {
+void lanes_forward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& p, const FwdOut<T*>& out) {
   const int64_t I = s.I, O = s.O, N = s.N;
+  const T eps = static_cast<T>(args.eps);
   const int64_t blocks = (N + kLanesRows - 1) / kLanesRows;
   constexpr bool kNalu = ADD && MUL;
   at::parallel_for(0, s.E * blocks, grain_for(kLanesRows * I * (O + 1) * 3), [&](int64_t t0, int64_t t1) {
@@ -134,9 +135,11 @@ void lanes_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const FwdOut<T*
 }
 
 template <typename T, bool ADD, bool MUL, Gate GATE>
-void lanes_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const SavedPtrs<const T*>& sv, T eps,
-                     bool compute_grad_x, const GradPtrs<T>& out) {
+void lanes_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& p, const SavedPtrs<const T*>& sv,
+                    const GradPtrs<T>& out) {
   const int64_t I = s.I, O = s.O, N = s.N, E = s.E, OI = O * I;
+  const bool sep = args.kind.sep(), compute_grad_x = args.compute_grad_x;
+  const T eps = static_cast<T>(args.eps);
   const T* dy = sv.dy;
   const int64_t blocks = (N + kLanesRows - 1) / kLanesRows;
   constexpr bool kGateIn = GATE == Gate::kInput;
@@ -250,6 +253,27 @@ void lanes_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const Saved
     }
   });
   sum_partials<T, GATE>(s, sep, blocks, part_size, partials, out);
+}
+
+// The rowwise kernels with their arguments one by one, as the NAU calls them (NAC+'s kernels:
+// csrc/ops/nau_nmu/cpu/nau_kernels.h); the LayerArgs is made here.
+template <typename T, bool ADD, bool MUL, Gate GATE>
+void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const FwdOut<T*>& out) {
+  rowwise_forward<T, ADD, MUL, GATE>(unpacked_args<ADD, MUL, GATE>(false, eps), s, p, out);
+}
+template <typename T, bool ADD, bool MUL, Gate GATE>
+void lanes_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const FwdOut<T*>& out) {
+  lanes_forward<T, ADD, MUL, GATE>(unpacked_args<ADD, MUL, GATE>(false, eps), s, p, out);
+}
+template <typename T, bool ADD, bool MUL, Gate GATE>
+void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const SavedPtrs<const T*>& sv, T eps,
+                      bool compute_grad_x, const GradPtrs<T>& out) {
+  rowwise_backward<T, ADD, MUL, GATE>(unpacked_args<ADD, MUL, GATE>(sep, eps, compute_grad_x), s, p, sv, out);
+}
+template <typename T, bool ADD, bool MUL, Gate GATE>
+void lanes_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const SavedPtrs<const T*>& sv, T eps,
+                    bool compute_grad_x, const GradPtrs<T>& out) {
+  lanes_backward<T, ADD, MUL, GATE>(unpacked_args<ADD, MUL, GATE>(sep, eps, compute_grad_x), s, p, sv, out);
 }
 
 }  // namespace

@@ -17,13 +17,12 @@ struct Cpu {
     (void)name;  // the dtype message names the op and x's dtype
     check_dtype_supported(op, t, "CPU", cpu_dtypes());
   }
-  static Forward forward(const LayerKind& kind, const LayerShape& s, const at::Tensor& x, const LayerParams& p,
-                         double eps) {
-    return NALU_CPU_CALL(layer_forward, kind, s, x, p, eps);
+  static Forward forward(const LayerArgs& args, const LayerShape& s, const at::Tensor& x, const LayerParams& p) {
+    return NALU_CPU_CALL(layer_forward, args, s, x, p);
   }
-  static Backward backward(const LayerKind& kind, const LayerShape& s, const at::Tensor& grad_y, const at::Tensor& x,
-                           const LayerParams& p, const Forward& saved, double eps, bool compute_grad_x) {
-    return NALU_CPU_CALL(layer_backward, kind, s, grad_y, x, p, saved, eps, compute_grad_x);
+  static Backward backward(const LayerArgs& args, const LayerShape& s, const at::Tensor& grad_y, const at::Tensor& x,
+                           const LayerParams& p, const Forward& saved) {
+    return NALU_CPU_CALL(layer_backward, args, s, grad_y, x, p, saved);
   }
   static at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat) {
     return NALU_CPU_CALL(weight, W_hat, M_hat);

@@ -67,8 +67,9 @@ inline void quad_dots(const float* const* x, const float* const* l, const float*
 #endif
 
 template <typename T, bool ADD, bool MUL, Gate GATE>
-void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const FwdOut<T*>& out) {
+void rowwise_forward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& p, const FwdOut<T*>& out) {
   const int64_t I = s.I, O = s.O, N = s.N;
+  const T eps = static_cast<T>(args.eps);
   // Rows go four at a time (below) in quads aligned to multiples of 4 of the flat row index, and
   // the threads split the rows at quad boundaries: whether a row is computed in a quad or alone
   // depends on the row, never on the thread count, so neither do the results.
@@ -201,9 +202,11 @@ inline T group_dot(const T* const* ps, const T* c, int64_t i) {
 }
 
 template <typename T, bool ADD, bool MUL, Gate GATE>
-void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const SavedPtrs<const T*>& sv,
-                      T eps, bool compute_grad_x, const GradPtrs<T>& out) {
+void rowwise_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& p, const SavedPtrs<const T*>& sv,
+                      const GradPtrs<T>& out) {
   const int64_t I = s.I, O = s.O, N = s.N, E = s.E, OI = O * I, NO = N * O;
+  const bool sep = args.kind.sep(), compute_grad_x = args.compute_grad_x;
+  const T eps = static_cast<T>(args.eps);
   const T* dy = sv.dy;
   const int64_t row_work = I * (O + 1) * 3;
   // Each member's rows fall in fixed chunks; a chunk's weight gradients go to its own partial sum.

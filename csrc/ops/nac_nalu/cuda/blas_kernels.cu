@@ -37,7 +37,7 @@ __device__ __forceinline__ void build_weight_entry(const PrologueArgs& a, int64_
 template <typename T>
 __global__ void __launch_bounds__(kThreads) forward_prologue_kernel(PrologueArgs a) {
   using A = acc_t<T>;
-  const A eps = static_cast<A>(a.eps);
+  const A eps = static_cast<A>(a.args.eps);
   const int64_t total = a.n_w + a.n_lx + a.n_g;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kThreads) forward_prologue_kernel(PrologueArgs
 
 template <typename T, typename K>
 __global__ void __launch_bounds__(kThreads)
-    forward_epilogue_kernel(LayerPtrs p, FwdOut<void*> out, int64_t n, int64_t NO, int64_t O) {
+    forward_epilogue_kernel(LayerPtrs p, FwdOut<void*> out, LayerArgs args, int64_t n, int64_t NO, int64_t O) {
   using A = acc_t<T>;
   constexpr bool ADD = K::add, MUL = K::mul;
   constexpr int GATE = K::gate;
@@ -80,8 +80,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T, typename K>
 __global__ void __launch_bounds__(kThreads)
-    backward_prologue_kernel(PrologueArgs w, SavedPtrs<const void*> sv, void* da, void* du, void* dz, int64_t n,
-                             int64_t NO, int64_t O) {
+    backward_prologue_kernel(PrologueArgs w, LayerArgs args, SavedPtrs<const void*> sv, void* da, void* du,
+                             void* dz, int64_t n, int64_t NO, int64_t O) {
   using A = acc_t<T>;
   constexpr bool ADD = K::add, MUL = K::mul;
   constexpr int GATE = K::gate;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void __launch_bounds__(kThreads) backward_epilogue_kernel(EpilogueArgs a) {
   using A = acc_t<T>;
-  const A eps = static_cast<A>(a.eps);
+  const A eps = static_cast<A>(a.args.eps);
   const int64_t total = a.n_dx + a.n_w;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -148,27 +148,27 @@ void forward_prologue(DType dt, const PrologueArgs& a, cudaStream_t stream) {
   });
 }
 
-void forward_epilogue(DType dt, const LayerKind& kind, const Dims& d, const LayerPtrs& p, const FwdOut<void*>& out,
+void forward_epilogue(DType dt, const LayerArgs& args, const Dims& d, const LayerPtrs& p, const FwdOut<void*>& out,
                       cudaStream_t stream) {
   const int64_t n = d.E * d.N * d.O;
-  if (n == 0 || !kind.mul) return;  // NAC+ has nothing after its product
+  if (n == 0 || !args.kind.mul) return;  // NAC+ has nothing after its product
   NALU_DISPATCH_DTYPE(dt, [&] {
-    NALU_DISPATCH_KIND(kind, [&] {
+    NALU_DISPATCH_KIND(args.kind, [&] {
       forward_epilogue_kernel<scalar_t, kind_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(
-          p, out, n, d.N * d.O, d.O);
+          p, out, args, n, d.N * d.O, d.O);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
 }
 
-void backward_prologue(DType dt, const LayerKind& kind, const Dims& d, const PrologueArgs& w,
+void backward_prologue(DType dt, const LayerArgs& args, const Dims& d, const PrologueArgs& w,
                        const SavedPtrs<const void*>& saved, void* da, void* du, void* dz, cudaStream_t stream) {
   const int64_t n = d.E * d.N * d.O;
   if (n + w.n_w == 0) return;
   NALU_DISPATCH_DTYPE(dt, [&] {
-    NALU_DISPATCH_KIND(kind, [&] {
+    NALU_DISPATCH_KIND(args.kind, [&] {
       backward_prologue_kernel<scalar_t, kind_t><<<elementwise_blocks(n + w.n_w), kThreads, 0, stream>>>(
-          w, saved, da, du, dz, n, d.N * d.O, d.O);
+          w, args, saved, da, du, dz, n, d.N * d.O, d.O);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });

@@ -21,7 +21,8 @@
 namespace nalu_cuda {
 namespace cuda {
 
-// LayerKind, Dims, the path names and the FwdOut / SavedPtrs bundles (as FwdOut<void*>,
+// LayerKind, LayerArgs (a call's scalar arguments: each launch takes them whole, each kernel reads
+// what it uses), Dims, the path names and the FwdOut / SavedPtrs bundles (as FwdOut<void*>,
 // SavedPtrs<const void*>) are the CPU's too: csrc/common/layer_types.h.
 
 // The inputs of a layer call (storage dtype).
@@ -66,13 +67,12 @@ struct RowwisePlan {
 RowwisePlan plan_rowwise_forward(DType dt, const LayerKind& kind, const Dims& d);
 RowwisePlan plan_rowwise_backward(DType dt, const LayerKind& kind, const Dims& d);
 
-void rowwise_forward(DType dt, const LayerKind& kind, const Dims& d, const RowwisePlan& plan, const LayerPtrs& p,
-                     const FwdOut<void*>& out, double eps, cudaStream_t stream);
+void rowwise_forward(DType dt, const LayerArgs& args, const Dims& d, const RowwisePlan& plan, const LayerPtrs& p,
+                     const FwdOut<void*>& out, cudaStream_t stream);
 
 // `workspace` holds plan.workspace_bytes (unused, may be null, when it is 0).
-void rowwise_backward(DType dt, const LayerKind& kind, const Dims& d, const RowwisePlan& plan, const LayerPtrs& p,
-                      const SavedPtrs<const void*>& saved, const GradOut& out, void* workspace, double eps,
-                      bool compute_grad_x, cudaStream_t stream);
+void rowwise_backward(DType dt, const LayerArgs& args, const Dims& d, const RowwisePlan& plan, const LayerPtrs& p,
+                      const SavedPtrs<const void*>& saved, const GradOut& out, void* workspace, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
 // Blas path: elementwise prologues and epilogues around the products (made by the host routine
@@ -82,7 +82,7 @@ void rowwise_backward(DType dt, const LayerKind& kind, const Dims& d, const Roww
 // One launch over three index ranges (any may be empty):
 //   weights  W = tanh(W_hat) sigmoid(M_hat) over n_w entries (and W_m from W_hat_m, M_hat_m
 //            when those are non-null)
-//   log      lx = log(|x| + eps) over n_lx entries
+//   log      lx = log(|x| + eps) over n_lx entries (eps: args.eps)
 //   gate     g = sigmoid(G) over n_g entries (independent gate)
 struct PrologueArgs {
   int64_t n_w = 0;
@@ -95,7 +95,7 @@ struct PrologueArgs {
   int64_t n_lx = 0;
   const void* x = nullptr;
   void* lx = nullptr;
-  double eps = 0.0;
+  LayerArgs args{};  // the call's scalar arguments (none needed for the weights alone)
   int64_t n_g = 0;
   const void* G = nullptr;
   void* g = nullptr;
@@ -104,7 +104,7 @@ void forward_prologue(DType dt, const PrologueArgs& a, cudaStream_t stream);
 
 // After the products: m = exp(u) (u in out.m; NAC*: u in out.y), g = sigmoid(z) (z in out.g,
 // input gate) or sigmoid(G) (independent gate, from p.G), y = g a + (1 - g) m.
-void forward_epilogue(DType dt, const LayerKind& kind, const Dims& d, const LayerPtrs& p, const FwdOut<void*>& out,
+void forward_epilogue(DType dt, const LayerArgs& args, const Dims& d, const LayerPtrs& p, const FwdOut<void*>& out,
                       cudaStream_t stream);
 
 // One launch: rebuilds W (and W_m) as in forward_prologue (w.n_w entries; n_lx, n_g unused), and
@@ -112,18 +112,18 @@ void forward_epilogue(DType dt, const LayerKind& kind, const Dims& d, const Laye
 //   da = g dy;  du = (1 - g) dy m;  dz = (a - m) dy g (1 - g)   (NAC+: da = dy; NAC*: du = dy y)
 // Each of da, du, dz may be null (not written): the host computes them one at a time into one
 // buffer, so that a backward holds a single (E, N, O) scratch tensor.
-void backward_prologue(DType dt, const LayerKind& kind, const Dims& d, const PrologueArgs& w,
+void backward_prologue(DType dt, const LayerArgs& args, const Dims& d, const PrologueArgs& w,
                        const SavedPtrs<const void*>& saved, void* da, void* du, void* dz, cudaStream_t stream);
 
 // One launch over three index ranges:
-//   dx *= sign(x) / (|x| + eps)  over n_dx entries (dx holds du W_m^T)
+//   dx *= sign(x) / (|x| + eps)  over n_dx entries (dx holds du W_m^T; eps: args.eps)
 //   (dW_hat, dM_hat) from dW through the weight construction over n_w entries
 //   (dW_hat_m, dM_hat_m) from dWm likewise when dWm is non-null
 struct EpilogueArgs {
   int64_t n_dx = 0;
   void* dx = nullptr;
   const void* x = nullptr;
-  double eps = 0.0;
+  LayerArgs args{};  // the call's scalar arguments (none needed for the weights alone)
   int64_t n_w = 0;
   const void* dW = nullptr;
   const void* W_hat = nullptr;

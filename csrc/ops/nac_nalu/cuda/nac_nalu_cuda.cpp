@@ -51,8 +51,8 @@ LayerPtrs layer_ptrs(const Tensor& x, const LayerParams& p) {
 struct Cuda {
   static void check_input(const char* op, const char* name, const Tensor& t) { check_cuda_input(op, name, t); }
 
-  static Forward forward(const LayerKind& kind, const LayerShape& s, const Tensor& x_in, const LayerParams& p,
-                         double eps) {
+  static Forward forward(const LayerArgs& args, const LayerShape& s, const Tensor& x_in, const LayerParams& p) {
+    const LayerKind& kind = args.kind;
     const c10::cuda::CUDAGuard guard(x_in.device());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     const DType dt = storage_dtype(x_in);
@@ -71,7 +71,7 @@ struct Cuda {
 
     const RowwisePlan plan = plan_rowwise_forward(dt, kind, s);
     if (plan.ok) {
-      rowwise_forward(dt, kind, s, plan, layer_ptrs(x, p), out, eps, stream);
+      rowwise_forward(dt, args, s, plan, layer_ptrs(x, p), out, stream);
       return f;
     }
 
@@ -83,21 +83,22 @@ struct Cuda {
       pa.n_lx = x.numel();
       pa.x = cptr(x);
       pa.lx = ptr(f.lx);
-      pa.eps = eps;
     }
+    pa.args = args;
     if (kind.gate == Gate::kIndependent) {
       pa.n_g = p.G.numel();
       pa.G = cptr(p.G);
       pa.g = ptr(f.g);
     }
     forward_prologue(dt, pa, stream);
-    blas_path::forward(kind, s, x.view({s.E, s.N, s.I}), w, f,
-                       [&] { forward_epilogue(dt, kind, s, layer_ptrs(x, p), out, stream); });
+    blas_path::forward(args, s, x.view({s.E, s.N, s.I}), w, f,
+                       [&] { forward_epilogue(dt, args, s, layer_ptrs(x, p), out, stream); });
     return f;
   }
 
-  static Backward backward(const LayerKind& kind, const LayerShape& s, const Tensor& grad_y, const Tensor& x_in,
-                           const LayerParams& p, const Forward& saved, double eps, bool compute_grad_x) {
+  static Backward backward(const LayerArgs& args, const LayerShape& s, const Tensor& grad_y, const Tensor& x_in,
+                           const LayerParams& p, const Forward& saved) {
+    const LayerKind& kind = args.kind;
     const c10::cuda::CUDAGuard guard(x_in.device());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     const DType dt = storage_dtype(x_in);
@@ -118,7 +119,7 @@ struct Cuda {
       r.grad_M_hat_m = at::empty(p.W_hat.sizes(), opts);
     }
     if (kind.gate != Gate::kNone) r.grad_G = at::empty(p.G.sizes(), opts);
-    if (compute_grad_x) r.grad_x = at::empty(x.sizes(), opts);
+    if (args.compute_grad_x) r.grad_x = at::empty(x.sizes(), opts);
 
     const SavedPtrs<const void*> sv{.dy = cptr(dy), .a = cptr(a), .m = cptr(m), .g = cptr(g), .lx = cptr(lx)};
 
@@ -130,7 +131,7 @@ struct Cuda {
       if (plan.workspace_bytes > 0) {
         workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, opts.dtype(at::kByte));
       }
-      rowwise_backward(dt, kind, s, plan, layer_ptrs(x, p), sv, out, ptr(workspace), eps, compute_grad_x, stream);
+      rowwise_backward(dt, args, s, plan, layer_ptrs(x, p), sv, out, ptr(workspace), stream);
       return r;
     }
 
@@ -147,7 +148,7 @@ struct Cuda {
     bool weights_built = false;
     auto fill = [&](blas_path::OutputGrad which) {
       using blas_path::OutputGrad;
-      backward_prologue(dt, kind, s, weights_built ? PrologueArgs{} : build_w, sv,
+      backward_prologue(dt, args, s, weights_built ? PrologueArgs{} : build_w, sv,
                         which == OutputGrad::kDa ? ptr(buf) : nullptr, which == OutputGrad::kDu ? ptr(buf) : nullptr,
                         which == OutputGrad::kDz ? ptr(buf) : nullptr, stream);
       weights_built = true;
@@ -155,13 +156,13 @@ struct Cuda {
     // (the separate weights' tensors are undefined when tied: null pointers)
     EpilogueArgs ep = weight_epilogue_args(n_w, dW, p.W_hat, p.M_hat, r.grad_W_hat, r.grad_M_hat, dWm, p.W_hat_m,
                                            p.M_hat_m, r.grad_W_hat_m, r.grad_M_hat_m);
-    if (kind.mul && compute_grad_x) {
+    if (kind.mul && args.compute_grad_x) {
       ep.n_dx = x.numel();
       ep.dx = ptr(r.grad_x);
       ep.x = cptr(x);
-      ep.eps = eps;
     }
-    blas_path::backward(kind, s, x.view({s.E, s.N, s.I}), lx, w, buf, r.grad_x, dW, dWm, r.grad_G, fill,
+    ep.args = args;
+    blas_path::backward(args, s, x.view({s.E, s.N, s.I}), lx, w, buf, r.grad_x, dW, dWm, r.grad_G, fill,
                         [&] { backward_epilogue(dt, ep, stream); });
     return r;
   }

@@ -115,10 +115,12 @@ __device__ __forceinline__ void build_shared_weights(const LayerPtrs& p, int64_t
 
 template <typename T, typename K, int MAXO>
 __global__ void __launch_bounds__(kThreads)
-    rowwise_forward_kernel(LayerPtrs p, FwdOut<void*> out, RowwiseGeom s, bool sep, acc_t<T> eps) {
+    rowwise_forward_kernel(LayerPtrs p, FwdOut<void*> out, RowwiseGeom s, LayerArgs args) {
   using A = acc_t<T>;
   constexpr bool ADD = K::add, MUL = K::mul;
   constexpr int GATE = K::gate;
+  const bool sep = args.kind.sep();
+  const A eps = static_cast<A>(args.eps);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ A s_gind[MAXO];  // sigmoid(G) of an independent gate
   const int I = s.I, O = s.O, OI = I * O;
@@ -230,10 +232,12 @@ __device__ __forceinline__ void finish_entry(const LayerPtrs& p, const GradOut& 
 template <typename T, typename K, int MAXO>
 __global__ void __launch_bounds__(kThreads)
     rowwise_backward_kernel(LayerPtrs p, SavedPtrs<const void*> sv, GradOut out, acc_t<T>* partials,
-                            RowwiseGeom s, bool sep, bool grad_x, acc_t<T> eps) {
+                            RowwiseGeom s, LayerArgs args) {
   using A = acc_t<T>;
   constexpr bool ADD = K::add, MUL = K::mul;
   constexpr int GATE = K::gate;
+  const bool sep = args.kind.sep(), grad_x = args.compute_grad_x;
+  const A eps = static_cast<A>(args.eps);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int I = s.I, O = s.O, OI = I * O;
   const int nmats = 1 + (sep ? 1 : 0) + (GATE == kGateInput ? 1 : 0);
@@ -334,8 +338,10 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     rowwise_backward_reduce_kernel(LayerPtrs p, GradOut out, const acc_t<T>* partials, RowwiseGeom s, int64_t E,
-                                 bool sep, int gate) {
+                                   LayerArgs args) {
   using A = acc_t<T>;
+  const bool sep = args.kind.sep();
+  const int gate = static_cast<int>(args.kind.gate);
   const int64_t total = E * s.slice;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -393,26 +399,25 @@ RowwisePlan plan_rowwise_backward(DType dt, const LayerKind& kind, const Dims& d
   return plan_rowwise(dt, kind, d, true);
 }
 
-void rowwise_forward(DType dt, const LayerKind& kind, const Dims& d, const RowwisePlan& plan, const LayerPtrs& p,
-                     const FwdOut<void*>& out, double eps, cudaStream_t stream) {
+void rowwise_forward(DType dt, const LayerArgs& args, const Dims& d, const RowwisePlan& plan, const LayerPtrs& p,
+                     const FwdOut<void*>& out, cudaStream_t stream) {
   const RowwiseGeom s{d.N, plan.rows_per_block, plan.blocks_per_member, plan.slice, static_cast<int>(d.I),
                       static_cast<int>(d.O)};
   const dim3 block(plan.lanes, plan.groups);
   const unsigned grid = static_cast<unsigned>(d.E * plan.blocks_per_member);
   NALU_DISPATCH_DTYPE(dt, [&] {
-    NALU_DISPATCH_KIND(kind, [&] {
+    NALU_DISPATCH_KIND(args.kind, [&] {
       NALU_DISPATCH_MAXO(d.O, [&] {
         rowwise_forward_kernel<scalar_t, kind_t, maxo_t::value><<<grid, block, plan.smem_bytes, stream>>>(
-            p, out, s, kind.sep(), static_cast<acc_t<scalar_t>>(eps));
+            p, out, s, args);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
     });
   });
 }
 
-void rowwise_backward(DType dt, const LayerKind& kind, const Dims& d, const RowwisePlan& plan, const LayerPtrs& p,
-                      const SavedPtrs<const void*>& saved, const GradOut& out, void* workspace, double eps,
-                      bool compute_grad_x, cudaStream_t stream) {
+void rowwise_backward(DType dt, const LayerArgs& args, const Dims& d, const RowwisePlan& plan, const LayerPtrs& p,
+                      const SavedPtrs<const void*>& saved, const GradOut& out, void* workspace, cudaStream_t stream) {
   const RowwiseGeom s{d.N, plan.rows_per_block, plan.blocks_per_member, plan.slice, static_cast<int>(d.I),
                       static_cast<int>(d.O)};
   const dim3 block(plan.lanes, plan.groups);
@@ -420,17 +425,17 @@ void rowwise_backward(DType dt, const LayerKind& kind, const Dims& d, const Roww
   NALU_DISPATCH_DTYPE(dt, [&] {
     using A = acc_t<scalar_t>;
     A* partials = static_cast<A*>(workspace);
-    NALU_DISPATCH_KIND(kind, [&] {
+    NALU_DISPATCH_KIND(args.kind, [&] {
       NALU_DISPATCH_MAXO(d.O, [&] {
         rowwise_backward_kernel<scalar_t, kind_t, maxo_t::value><<<grid, block, plan.smem_bytes, stream>>>(
-            p, saved, out, partials, s, kind.sep(), compute_grad_x, static_cast<A>(eps));
+            p, saved, out, partials, s, args);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
     });
     if (plan.blocks_per_member > 1 && s.slice > 0) {
       const int64_t n = d.E * s.slice;
       rowwise_backward_reduce_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(
-          p, out, partials, s, d.E, kind.sep(), static_cast<int>(kind.gate));
+          p, out, partials, s, d.E, args);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
