@@ -1,6 +1,7 @@
 // schema.cpp: the schemas of the NAU and NMU ops, declared once; the family's registration
-// (csrc/common/registration.h) defines them and gives them the autocast policy. Kernels:
-// cpu/nau_nmu_cpu.cpp, cuda/nau_nmu_cuda.cpp; autograd: autograd.cpp; math: math.h; checks: checks.h.
+// (csrc/common/registration.h) defines them and gives them the autocast policy. Entry points: ops.h;
+// kernels: cpu/nau_nmu_cpu.cpp, cuda/nau_nmu_cuda.cpp; autograd: autograd.cpp; math: math.h;
+// checks: checks.h.
 #include "common/registration.h"
 
 namespace nalu_cuda {

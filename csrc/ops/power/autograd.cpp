@@ -9,6 +9,9 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <tuple>
+#include <utility>
+
 #include "common/registration.h"
 
 namespace nalu_cuda {
@@ -89,18 +92,24 @@ class InaluFunction : public torch::autograd::Function<InaluFunction> {
   }
 };
 
+// A Function's first N outputs as the op's tuple of results.
+template <size_t N>
+auto results(const variable_list& r) {
+  return [&]<size_t... K>(std::index_sequence<K...>) {
+    return std::make_tuple(r[K]...);
+  }(std::make_index_sequence<N>());
+}
+
 std::tuple<Tensor, Tensor, Tensor> npu_forward_autograd(const Tensor& x, const Tensor& W_r, const OptTensor& W_i,
                                                         const Tensor& g, double eps) {
-  auto r = NpuFunction::apply(x, W_r, W_i, g, eps);
-  return {r[0], r[1], r[2]};
+  return results<3>(NpuFunction::apply(x, W_r, W_i, g, eps));
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> inalu_forward_autograd(const Tensor& x, const Tensor& W_hat,
                                                                           const Tensor& M_hat, const Tensor& W_hat_m,
                                                                           const Tensor& M_hat_m, const Tensor& G,
                                                                           double eps, double omega) {
-  auto r = InaluFunction::apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega);
-  return {r[0], r[1], r[2], r[3], r[4]};
+  return results<5>(InaluFunction::apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, omega));
 }
 
 }  // namespace

@@ -41,15 +41,25 @@ void check_npu_saved(const char* op, const LayerShape& s, const at::Tensor& x, c
   check_like(op, "lr", lr, x.sizes(), x);
 }
 
-LayerShape check_inalu(const char* op, const at::Tensor& x, const at::Tensor& W_hat, const at::Tensor& M_hat,
-                       const at::Tensor& W_hat_m, const at::Tensor& M_hat_m, const at::Tensor& G, double eps,
-                       double omega) {
+std::tuple<at::Tensor, at::Tensor> npu_weight_grads(const at::Tensor& dWc, const at::Tensor& W_r, const at::Tensor& x,
+                                                    bool complex) {
+  if (!complex) return {dWc.reshape(W_r.sizes()), empty_grad(x)};
+  const int64_t O = W_r.size(-1);
+  return {dWc.narrow(2, 0, O).contiguous().reshape(W_r.sizes()), dWc.narrow(2, O, O).contiguous().reshape(W_r.sizes())};
+}
+
+LayerParams inalu_params(const at::Tensor& W_hat, const at::Tensor& M_hat, const at::Tensor& W_hat_m,
+                         const at::Tensor& M_hat_m, const at::Tensor& G) {
   LayerParams p;
   p.W_hat = W_hat;
   p.M_hat = M_hat;
   p.W_hat_m = W_hat_m;
   p.M_hat_m = M_hat_m;
   p.G = G;
+  return p;
+}
+
+LayerShape check_inalu(const char* op, const at::Tensor& x, const LayerParams& p, double eps, double omega) {
   LayerShape s = check_layer(op, kInalu, x, p, eps);
   check_scalar(op, "omega", omega, x.scalar_type(), false);
   return s;

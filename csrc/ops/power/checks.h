@@ -7,6 +7,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <tuple>
+
 #include "ops/nac_nalu/checks.h"
 
 namespace nalu_cuda {
@@ -24,10 +26,17 @@ LayerShape check_npu(const char* op, const at::Tensor& x, const at::Tensor& W_r,
 void check_npu_saved(const char* op, const LayerShape& s, const at::Tensor& x, const at::Tensor& grad_y,
                      const at::Tensor& y, const at::Tensor& sy, const at::Tensor& lr);
 
+// The NPU's weight gradients from the product dWc = LK^T D (E, I, C): grad_W_r and grad_W_i of W_r's
+// shape, or for the RealNPU (C = O) grad_W_i the (0,)-shaped empty_grad(x). Plain ATen, every device.
+std::tuple<at::Tensor, at::Tensor> npu_weight_grads(const at::Tensor& dWc, const at::Tensor& W_r, const at::Tensor& x,
+                                                    bool complex);
+
+// iNALU's five parameters as the NAC/NALU ops' LayerParams (used as given, not made contiguous).
+LayerParams inalu_params(const at::Tensor& W_hat, const at::Tensor& M_hat, const at::Tensor& W_hat_m,
+                         const at::Tensor& M_hat_m, const at::Tensor& G);
+
 // iNALU: check_layer of kInalu plus omega (finite).
-LayerShape check_inalu(const char* op, const at::Tensor& x, const at::Tensor& W_hat, const at::Tensor& M_hat,
-                       const at::Tensor& W_hat_m, const at::Tensor& M_hat_m, const at::Tensor& G, double eps,
-                       double omega);
+LayerShape check_inalu(const char* op, const at::Tensor& x, const LayerParams& p, double eps, double omega);
 
 // Checks an inalu_backward's grad_y and the forward's a, u, msv (y's shape) and lx (x's shape).
 void check_inalu_saved(const char* op, const LayerShape& s, const at::Tensor& x, const at::Tensor& grad_y,

@@ -20,23 +20,17 @@
 namespace nalu_cuda {
 namespace math {
 
-NALU_HD float cos_(float v) {
+// cos_ and sin_ in float: CUDA's function on the device, the standard library's on the host.
 #if defined(__CUDA_ARCH__)
-  return cosf(v);
+#define NALU_POWER_FLOAT_FN(device_fn, host_fn) device_fn
 #else
-  return std::cos(v);
+#define NALU_POWER_FLOAT_FN(device_fn, host_fn) host_fn
 #endif
-}
+NALU_HD float cos_(float v) { return NALU_POWER_FLOAT_FN(cosf, std::cos)(v); }
 NALU_HD double cos_(double v) { return ::cos(v); }
-
-NALU_HD float sin_(float v) {
-#if defined(__CUDA_ARCH__)
-  return sinf(v);
-#else
-  return std::sin(v);
-#endif
-}
+NALU_HD float sin_(float v) { return NALU_POWER_FLOAT_FN(sinf, std::sin)(v); }
 NALU_HD double sin_(double v) { return ::sin(v); }
+#undef NALU_POWER_FLOAT_FN
 
 // pi in the compute type (k = g pi for a negative input).
 template <typename T>

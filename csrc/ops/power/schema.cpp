@@ -1,6 +1,7 @@
 // schema.cpp: the schemas of the power units' ops (NPU / RealNPU, iNALU), declared once; the family's
-// registration (csrc/common/registration.h) defines them and gives them the autocast policy. Kernels:
-// cpu/power_cpu.cpp, cuda/power_cuda.cpp; autograd: autograd.cpp; math: math.h; checks: checks.h.
+// registration (csrc/common/registration.h) defines them and gives them the autocast policy. Entry
+// points: ops.h; kernels: cpu/power_cpu.cpp, cuda/power_cuda.cpp; autograd: autograd.cpp; math:
+// math.h; checks: checks.h.
 // Shapes as the NAC/NALU ops' (csrc/ops/nac_nalu/schema.cpp).
 #include "common/registration.h"
 

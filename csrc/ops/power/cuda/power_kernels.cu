@@ -154,11 +154,18 @@ __global__ void __launch_bounds__(kThreads) npu_backward_epilogue_kernel(Dims d,
 // iNALU
 // ---------------------------------------------------------------------------------------------
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) inalu_log_kernel(int64_t n, const void* x, double eps, void* lx) {
+// lx = log(max(|x|, eps)) into out; kGrad: out *= d lx / dx instead (the backward, in place).
+template <typename T, bool kGrad>
+__global__ void __launch_bounds__(kThreads) inalu_log_kernel(int64_t n, const void* x, double eps, void* out) {
   using A = acc_t<T>;
   const A ep = static_cast<A>(eps);
-  POWER_GRID_STRIDE(k, n) { st<T>(lx, k, pm::inalu_log(ld<A, T>(x, k), ep)); }
+  POWER_GRID_STRIDE(k, n) {
+    if constexpr (kGrad) {
+      st<T>(out, k, ld<A, T>(out, k) * pm::inalu_log_grad(ld<A, T>(x, k), ep));
+    } else {
+      st<T>(out, k, pm::inalu_log(ld<A, T>(x, k), ep));
+    }
+  }
 }
 
 template <typename T>
@@ -262,12 +269,14 @@ __global__ void __launch_bounds__(kThreads) inalu_sign_reduce_kernel(Dims d, int
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) inalu_log_backward_kernel(int64_t n, const void* x, double eps,
-                                                                      void* dx) {
-  using A = acc_t<T>;
-  const A ep = static_cast<A>(eps);
-  POWER_GRID_STRIDE(k, n) { st<T>(dx, k, ld<A, T>(dx, k) * pm::inalu_log_grad(ld<A, T>(x, k), ep)); }
+// inalu_log and inalu_log_backward: one launch of inalu_log_kernel.
+template <bool kGrad>
+void launch_inalu_log(DType dt, int64_t n, const void* x, double eps, void* out, cudaStream_t stream) {
+  if (n == 0) return;
+  NALU_DISPATCH_DTYPE(dt, [&] {
+    inalu_log_kernel<scalar_t, kGrad><<<elementwise_blocks(n), kThreads, 0, stream>>>(n, x, eps, out);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
 }
 
 }  // namespace
@@ -322,11 +331,7 @@ void npu_backward_epilogue(DType dt, const Dims& d, const void* x, const void* g
 }
 
 void inalu_log(DType dt, int64_t n, const void* x, double eps, void* lx, cudaStream_t stream) {
-  if (n == 0) return;
-  NALU_DISPATCH_DTYPE(dt, [&] {
-    inalu_log_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(n, x, eps, lx);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  launch_inalu_log<false>(dt, n, x, eps, lx, stream);
 }
 
 void inalu_epilogue(DType dt, const Dims& d, const void* x, const void* Wm, const void* G, const void* a,
@@ -376,11 +381,7 @@ void inalu_sign_backward(DType dt, const Dims& d, const void* x, const void* Wm,
 }
 
 void inalu_log_backward(DType dt, int64_t n, const void* x, double eps, void* dx, cudaStream_t stream) {
-  if (n == 0) return;
-  NALU_DISPATCH_DTYPE(dt, [&] {
-    inalu_log_backward_kernel<scalar_t><<<elementwise_blocks(n), kThreads, 0, stream>>>(n, x, eps, dx);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  launch_inalu_log<true>(dt, n, x, eps, dx, stream);
 }
 
 }  // namespace cuda
