@@ -13,19 +13,11 @@
 // the formulas of the reference's derivative (s(x) = sign(x) / (|x| + eps), sign(0) = 0), in
 // differentiable ATen ops that recompute W, lx, a, m and g from the saved inputs, so that
 // autograd records a graph for every second derivative. The plain backward keeps the fused op.
-#include <ATen/ATen.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
 
-#include "common/registration.h"
+#include "common/autograd.h"
 
 namespace nalu_cuda {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using at::Tensor;
-using OptTensor = c10::optional<Tensor>;
 
 Tensor or_undefined(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 

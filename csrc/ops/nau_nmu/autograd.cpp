@@ -8,18 +8,12 @@
 // which materialises the (E, N, I, O) factors: fine for the rare second-order use, never on the
 // first-order path).
 #include <ATen/core/grad_mode.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
 
-#include "common/registration.h"
+#include "common/autograd.h"
 #include "ops/nau_nmu/checks.h"
 
 namespace nalu_cuda {
 namespace {
-
-using at::Tensor;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 using ForwardSig = Tensor(const Tensor&, const Tensor&);
 using BackwardSig = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, bool);

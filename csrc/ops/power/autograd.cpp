@@ -6,21 +6,14 @@
 // Double backward is not supported: the backward ops have no derivative of their own, so a
 // backward run with create_graph=True raises (rather than return gradients that would silently
 // lack their graph).
-#include <torch/autograd.h>
-#include <torch/library.h>
 
 #include <tuple>
 #include <utility>
 
-#include "common/registration.h"
+#include "common/autograd.h"
 
 namespace nalu_cuda {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using at::Tensor;
-using OptTensor = c10::optional<Tensor>;
 
 // Autograd runs a backward with grad mode on exactly when create_graph=True.
 void check_no_double_backward(const char* op) {
