@@ -161,13 +161,6 @@ inline T gate_at(const T* g, int64_t k, int64_t NO, int64_t O) {
   return T(0);
 }
 
-// The LayerArgs of a kernel called with its arguments one by one (the NAU's calls of the NAC+
-// kernels, csrc/ops/nau_nmu/cpu/nau_kernels.h).
-template <bool ADD, bool MUL, Gate GATE>
-LayerArgs unpacked_args(bool sep, double eps, bool compute_grad_x = false) {
-  return {.kind = {ADD, MUL, !sep, GATE}, .eps = eps, .compute_grad_x = compute_grad_x};
-}
-
 // Backward outputs. dW, dWm, dG are gradients w.r.t. W, W_m and G (before the weight
 // construction's backward), (E, I, O); dG is (E, O) for an independent gate.
 template <typename T>

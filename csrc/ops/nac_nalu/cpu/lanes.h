@@ -255,27 +255,6 @@ void lanes_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& p
   sum_partials<T, GATE>(s, sep, blocks, part_size, partials, out);
 }
 
-// The rowwise kernels with their arguments one by one, as the NAU calls them (NAC+'s kernels:
-// csrc/ops/nau_nmu/cpu/nau_kernels.h); the LayerArgs is made here.
-template <typename T, bool ADD, bool MUL, Gate GATE>
-void rowwise_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const FwdOut<T*>& out) {
-  rowwise_forward<T, ADD, MUL, GATE>(unpacked_args<ADD, MUL, GATE>(false, eps), s, p, out);
-}
-template <typename T, bool ADD, bool MUL, Gate GATE>
-void lanes_forward(const LayerShape& s, const Ptrs<T>& p, T eps, const FwdOut<T*>& out) {
-  lanes_forward<T, ADD, MUL, GATE>(unpacked_args<ADD, MUL, GATE>(false, eps), s, p, out);
-}
-template <typename T, bool ADD, bool MUL, Gate GATE>
-void rowwise_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const SavedPtrs<const T*>& sv, T eps,
-                      bool compute_grad_x, const GradPtrs<T>& out) {
-  rowwise_backward<T, ADD, MUL, GATE>(unpacked_args<ADD, MUL, GATE>(sep, eps, compute_grad_x), s, p, sv, out);
-}
-template <typename T, bool ADD, bool MUL, Gate GATE>
-void lanes_backward(const LayerShape& s, bool sep, const Ptrs<T>& p, const SavedPtrs<const T*>& sv, T eps,
-                    bool compute_grad_x, const GradPtrs<T>& out) {
-  lanes_backward<T, ADD, MUL, GATE>(unpacked_args<ADD, MUL, GATE>(sep, eps, compute_grad_x), s, p, sv, out);
-}
-
 }  // namespace
 
 }  // namespace NALU_CPU_ISA

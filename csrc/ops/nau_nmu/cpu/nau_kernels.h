@@ -30,10 +30,11 @@ at::Tensor nau_forward(const LayerShape& s, const at::Tensor& x, const at::Tenso
     p.W = p.Wm = buf.data() + n;
     FwdOut<T*> out;
     out.y = y.data_ptr<T>();
+    const LayerArgs args{kNacAdd};  // the NAC+'s kernels on the clamped weights
     if (lanes_shape(s)) {
-      lanes_forward<T, true, false, Gate::kNone>(s, p, T(0), out);
+      lanes_forward<T, true, false, Gate::kNone>(args, s, p, out);
     } else {
-      rowwise_forward<T, true, false, Gate::kNone>(s, p, T(0), out);
+      rowwise_forward<T, true, false, Gate::kNone>(args, s, p, out);
     }
   });
   return y;
@@ -63,10 +64,11 @@ std::tuple<at::Tensor, at::Tensor> nau_backward(const LayerShape& s, const at::T
     GradPtrs<T> gp;
     gp.dx = compute_grad_x ? gx.data_ptr<T>() : nullptr;
     gp.dW = gW.data_ptr<T>();
+    const LayerArgs args{kNacAdd, 0.0, compute_grad_x};
     if (lanes_shape(s)) {
-      lanes_backward<T, true, false, Gate::kNone>(s, false, p, sv, T(0), compute_grad_x, gp);
+      lanes_backward<T, true, false, Gate::kNone>(args, s, p, sv, gp);
     } else {
-      rowwise_backward<T, true, false, Gate::kNone>(s, false, p, sv, T(0), compute_grad_x, gp);
+      rowwise_backward<T, true, false, Gate::kNone>(args, s, p, sv, gp);
     }
     T* g = gW.data_ptr<T>();
     for (int64_t k = 0; k < n; ++k) {
