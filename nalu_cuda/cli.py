@@ -245,11 +245,10 @@ def _print_list(parser: argparse.ArgumentParser, profile: Optional[str]) -> None
         print(f"\n{exp.name}: {exp.help}")
         for c in cfgs:
             print(f"    {c.name}: {c.seeds:,} seeds x {c.steps:,} steps, {_hours(distributed.estimated_hours([c]))}")
-        total = sum(c.seeds * c.steps for c in cfgs)
+        total, hours = sum(c.seeds * c.steps for c in cfgs), distributed.estimated_hours(cfgs)
         print(f"    ({len(cfgs)} configuration{'s' if len(cfgs) != 1 else ''}, {total:,} seed-steps in all: "
-              f"{_hours(distributed.estimated_hours(cfgs))} on one core, "
-              f"{_hours(distributed.estimated_hours(cfgs, ranks=2))} on two torchrun ranks)")
-        grand += distributed.estimated_hours(cfgs)
+              f"{_hours(hours)} on one core, {_hours(hours / 2)} on two torchrun ranks)")
+        grand += hours
     print(f"\nIn all: {_hours(grand)} on one CPU core, {_hours(grand / 2)} on two ranks (estimated from the measured "
           "cost factors: distributed.CPU_UNITS_PER_S; a GPU is faster)")
 

@@ -25,8 +25,8 @@ the success criterion here) is the epsilon-perfect solution of the task actually
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -65,7 +65,6 @@ __all__ = [
 
 # The six operations (names as in stable-nalu).
 # The operations and ranges (OPS ... Range) live in .arithmetic_ops, below the training streams.
-
 
 
 # The regulariser flags (--reg-scale/--reg-start/--reg-end); None, the model's published schedule,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
