@@ -8,16 +8,17 @@ In eager mode the call goes through ``nalu_cuda._C``'s direct bindings of the sa
 dispatcher call, without ``torch.ops``' per-call argument parsing, which costs more than the
 fused forward itself at small sizes); while ``torch.compile`` traces, through ``torch.ops``.
 
-The functions live with their family's fakes and flop formulas in :mod:`nalu_cuda.ops`
-(:mod:`~nalu_cuda.ops.nac_nalu`, :mod:`~nalu_cuda.ops.nau_nmu`, :mod:`~nalu_cuda.ops.power`);
-this module is their one public name.
+The functions live with their family's specification, fakes and flop formulas in
+:mod:`nalu_cuda.ops` (:mod:`~nalu_cuda.ops.nac_nalu`, :mod:`~nalu_cuda.ops.nau_nmu`,
+:mod:`~nalu_cuda.ops.power`); this module is their one public name, listed from the families'
+``FUNCTIONAL`` tables (:data:`nalu_cuda.ops.FAMILIES`).
 """
 from __future__ import annotations
 
-from .ops.nac_nalu import nac, nac_mul, nac_weight, nalu, nalu_parts
-from .ops.nau_nmu import nau, nmu
-from .ops.power import inalu, npu, real_npu
-from .reference import NaluParts
+from .ops import FAMILIES
 
-__all__ = ["nac_weight", "nac", "nac_mul", "nalu", "nalu_parts", "NaluParts", "npu", "real_npu", "inalu", "nau",
-           "nmu"]
+__all__: list = []
+for _family in FAMILIES:
+    globals().update(_family.FUNCTIONAL)
+    __all__ += list(_family.FUNCTIONAL)
+del _family

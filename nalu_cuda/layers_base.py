@@ -2,7 +2,7 @@
 the ``backend`` choice, initialisation helpers, the input check) and the state-dict guard that
 refuses another codebase's ``(out, in)`` weights.
 
-The base of :mod:`nalu_cuda.modules` (NAC, NACMul, NALU) and :mod:`nalu_cuda.unit_modules` (NPU,
+The base of :mod:`nalu_cuda.modules` (NAC, NACMul, NALU) and of the families' layers in :mod:`nalu_cuda.ops` (NPU,
 RealNPU, INALU, NAU, NMU), which both import it and not each other; see :mod:`nalu_cuda.modules`
 for the conventions (layout, ``backend``, ``init``, ``generator``). The names are re-exported by
 :mod:`nalu_cuda.modules`, where :mod:`nalu_cuda.compat` reads them.
@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from . import init_presets, reference
+from . import init_presets
 from .ops import _common
 
 __all__ = ["BACKENDS", "Generators", "STATE_DICT_MARK", "STATE_DICT_KIND", "LAYOUT", "FOREIGN_LAYOUT"]
@@ -41,7 +41,7 @@ def _warn_fallback_once() -> None:
 def _check_scalar(cls: str, name: str, value, positive: bool = True, dtype: Optional[torch.dtype] = None) -> float:
     """A scalar argument (eps, omega) as a float: any real number type (float, int, numpy scalars),
     finite (and positive), and so in the layer's dtype when it has one (reference.scalar_problem)."""
-    problem = reference.scalar_problem(name, value, dtype, positive)
+    problem = _common.scalar_problem(name, value, dtype, positive)
     if problem:
         raise ValueError(f"nalu_cuda.{cls}: {problem}")
     return float(value)
@@ -68,7 +68,8 @@ FOREIGN_LAYOUT = "(out, in)"
 def _layer_kind(module: nn.Module) -> str:
     """The public nalu_cuda class a layer is (StableNACLayer -> 'NAC'), by its MRO."""
     for cls in type(module).__mro__:
-        if cls.__module__ in ("nalu_cuda.modules", "nalu_cuda.unit_modules") and not cls.__name__.startswith("_"):
+        home = cls.__module__
+        if (home == "nalu_cuda.modules" or home.startswith("nalu_cuda.ops.")) and not cls.__name__.startswith("_"):
             return cls.__name__
     return type(module).__name__
 

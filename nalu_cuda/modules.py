@@ -1,6 +1,6 @@
 """``nn.Module`` layers: :class:`NAC` (additive), :class:`NACMul` (multiplicative) and :class:`NALU`;
-the units beyond the paper (NPU, RealNPU, INALU, NAU, NMU) are in :mod:`nalu_cuda.unit_modules`,
-re-exported here. What every layer shares (:class:`_ArithmeticLayer`, the state-dict guard) is in
+the units beyond the paper (NPU, RealNPU, INALU, NAU, NMU) are with their families in
+:mod:`nalu_cuda.ops.power` and :mod:`nalu_cuda.ops.nau_nmu`, re-exported here. What every layer shares (:class:`_ArithmeticLayer`, the state-dict guard) is in
 :mod:`nalu_cuda.layers_base`, which both modules import (neither imports the other's base).
 
 Parameters use the ``(in, out)`` layout of the paper's ``y = x W``; with ``ensemble=E`` every
@@ -37,9 +37,10 @@ from .layers_base import (BACKENDS, FOREIGN_LAYOUT, LAYOUT, STATE_DICT_KIND, STA
                           Generators, _ArithmeticLayer, _check_positive_int, _check_scalar, _layer_kind,
                           _layout_problem, _warn_fallback_once)
 from .reference import DEFAULT_EPS, GATES
-# The units beyond the paper live in their own module (on the same base); their names stay
+# The units beyond the paper live with their families (on the same base); their names stay
 # importable from here.
-from .unit_modules import INALU, NAU, NMU, NPU, RealNPU, project_after_step  # noqa: F401
+from .ops.nau_nmu import NAU, NMU, project_after_step  # noqa: F401
+from .ops.power import INALU, NPU, RealNPU  # noqa: F401
 
 __all__ = ["NAC", "NACMul", "NALU", "NAU", "NMU", "NPU", "RealNPU", "INALU", "BACKENDS", "project_after_step"]
 

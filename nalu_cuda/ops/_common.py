@@ -11,13 +11,78 @@ declared once per op family in C++ (``csrc/ops/<family>/schema.cpp``, the experi
 from __future__ import annotations
 
 import importlib
+import math
+import numbers
 import os
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .. import reference
+# ------------------------------------------------------------------------------------------------
+# What every family's specification shares (the pure-PyTorch side, :mod:`nalu_cuda.reference`'s
+# conventions): the default eps, the scalar checks (the same words as csrc/common/checks.cpp), the
+# plain-or-ensemble product, the clamp with the kernels' derivative, a per-member vector's broadcast.
+# ------------------------------------------------------------------------------------------------
+
+DEFAULT_EPS = 1e-7
+
+
+def scalar_problem(name: str, value, dtype: Optional[torch.dtype] = None, positive: bool = True) -> Optional[str]:
+    """What is wrong with a scalar argument (``eps``, ``omega``), or None: a real number (not a bool),
+    finite and, for ``positive``, above 0; with ``dtype``, still so in the precision the ops compute
+    in for tensors of that dtype (float64 for float64, float32 for every narrower type: an eps of
+    1e-50 is 0 in float32 and 1e39 is inf). The fused ops' checks (csrc/common/checks.cpp
+    ``check_scalar``) say the same words."""
+    what = "a positive finite number" if positive else "a finite number"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return f"argument '{name}' must be {what}, got {value!r}"
+    v = float(value)
+    if not (math.isfinite(v) and (v > 0 or not positive)):
+        return f"argument '{name}' must be {what}, got {value!r}"
+    if dtype is None or dtype == torch.float64:
+        return None
+    fits = abs(v) <= torch.finfo(torch.float32).max
+    narrow = float(torch.tensor(v, dtype=torch.float64).to(torch.float32)) if fits else 0.0
+    if fits and (narrow > 0 or not positive):
+        return None
+    there = "0" if fits else ("inf" if v > 0 else "-inf")
+    return (f"argument '{name}' must be {what} in float32 (the precision the op computes in for tensors of "
+            f"dtype {str(dtype).replace('torch.', '')}), got {value!r}, which is {there} there")
+
+
+def _check_spec_scalar(fn: str, name: str, value, dtype: torch.dtype, positive: bool = True) -> None:
+    problem = scalar_problem(name, value, dtype, positive)
+    if problem:
+        raise ValueError(f"nalu_cuda.reference.{fn}: {problem}")
+
+
+def _matmul(x: Tensor, W: Tensor) -> Tensor:
+    """``x W`` for a plain layer (W ``(I, O)``) or an ensemble (W ``(E, I, O)``, x ``(E, ..., I)``)."""
+    if W.dim() == 2:
+        return torch.matmul(x, W)
+    E, I, O = W.shape
+    rows = 1
+    for d in x.shape[1:-1]:
+        rows *= d
+    out = torch.bmm(x.reshape(E, rows, I), W)  # (not -1: x may have no elements)
+    return out.reshape(*x.shape[:-1], O)
+
+
+def _clamp(t: Tensor, low: float, high: float) -> Tensor:
+    """``clamp(t, low, high)`` whose derivative is 1 on the closed interval [low, high] and 0
+    outside it, written out so that it does not depend on how a torch release differentiates
+    ``torch.clamp`` at the bounds (the kernels follow this convention)."""
+    inside = (t >= low) & (t <= high)
+    return torch.where(inside, t, t.detach().clamp(low, high))
+
+
+def _per_member(t: Tensor, x: Tensor, ensemble: bool) -> Tensor:
+    """A per-member vector ``(E, K)`` as ``(E, 1, ..., 1, K)`` against ``x`` of shape ``(E, ..., *)``."""
+    if not ensemble:
+        return t
+    return t.reshape(t.shape[0], *([1] * (x.dim() - 2)), t.shape[-1])
+
 
 ops = None  # torch.ops.nalu_cuda once loaded
 _LIBRARY_FILE: Optional[str] = None  # the shared library that holds the ops
@@ -168,7 +233,7 @@ def _check_pair(op: str, W_hat: Tensor, M_hat: Tensor, w: str = "W_hat", m: str 
 
 
 def _check_scalar(op: str, name: str, value: float, dtype: torch.dtype, positive: bool = True) -> None:
-    problem = reference.scalar_problem(name, value, dtype, positive)
+    problem = scalar_problem(name, value, dtype, positive)
     if problem:
         _fail(op, problem)
 

@@ -3,25 +3,141 @@
 * the fakes (``torch.library.register_fake``: shapes only, so ``torch.compile`` traces the ops
   without running them), with the checks and messages of ``csrc/ops/nac_nalu/checks.cpp``;
 * the flop-counter formulas (``torch.utils.flop_counter``) of its ops;
-* the thin wrappers, the fused ops as differentiable functions with the signatures of
-  :mod:`nalu_cuda.reference` (:func:`nac_weight`, :func:`nac`, :func:`nac_mul`, :func:`nalu`,
-  :func:`nalu_parts`), which :mod:`nalu_cuda.functional` re-exports.
+* the thin wrappers, the fused ops as differentiable functions (:func:`nac_weight`, :func:`nac`,
+  :func:`nac_mul`, :func:`nalu`, :func:`nalu_parts`: :mod:`nalu_cuda.functional`'s);
+* the specification they are tested against, with the same signatures (:func:`reference_nac`, ...:
+  :mod:`nalu_cuda.reference`'s ``nac``, ...), and the conventions it shares with them
+  (:class:`NaluParts`, :data:`GATES`, :func:`log_abs`).
+
+``REFERENCE``, ``FUNCTIONAL`` and ``PUBLIC`` at the end say which names this family adds to
+:mod:`nalu_cuda.reference`, :mod:`nalu_cuda.functional` and :mod:`nalu_cuda`; its layers are in
+:mod:`nalu_cuda.modules`.
 
 Its shape checks (``_nac_out_shape``, ``_nalu_out_shape``) are iNALU's too (:mod:`.power`), as
 ``csrc/ops/power/`` includes ``csrc/ops/nac_nalu/checks.h``.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
-from .. import reference
-from ..reference import DEFAULT_EPS, GATES, _check_gate, _matmul
 from . import _common
+from ._common import DEFAULT_EPS, _check_spec_scalar, _matmul, _per_member
 from ._common import (_check_float, _check_match, _check_pair, _check_scalar, _check_x_matches, _fail, _fast,
                       _grad_or_empty, _like, _matmul_flops, _ops_or_raise)
+
+# ------------------------------------------------------------------------------------------------
+# The specification: plain differentiable PyTorch, what the fused ops are tested against
+# (nalu_cuda.reference lists it under the names without ``reference_``).
+# ------------------------------------------------------------------------------------------------
+
+GATES = ("input", "independent")
+
+
+def reference_nac_weight(W_hat: Tensor, M_hat: Tensor) -> Tensor:
+    """``W = tanh(W_hat) * sigmoid(M_hat)``, elementwise; any shape."""
+    return torch.tanh(W_hat) * torch.sigmoid(M_hat)
+
+
+def log_abs(x: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
+    """``log(|x| + eps)``, whose gradient is ``sign(x) / (|x| + eps)`` with ``sign(0) = 0``.
+
+    A zero x takes the constant branch of the ``where``, so its gradient is exactly 0; through
+    ``abs`` it would be ``sign(0) * (upstream / eps)``, which is 0 * inf = NaN once the quotient
+    overflows (a subnormal eps, or a large upstream gradient)."""
+    return torch.log(torch.where(x == 0, eps, torch.abs(x) + eps))
+
+
+def reference_nac(x: Tensor, W_hat: Tensor, M_hat: Tensor) -> Tensor:
+    """NAC+ (additive accumulator): ``y = x W``."""
+    return _matmul(x, reference_nac_weight(W_hat, M_hat))
+
+
+def reference_nac_mul(x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: float = DEFAULT_EPS) -> Tensor:
+    """NAC* (multiplicative accumulator): ``y = exp(log(|x| + eps) W)``."""
+    _check_spec_scalar("nac_mul", "eps", eps, x.dtype)
+    return torch.exp(_matmul(log_abs(x, eps), reference_nac_weight(W_hat, M_hat)))
+
+
+class NaluParts(NamedTuple):
+    """The intermediates of one NALU call: additive path ``a``, multiplicative path ``m``, gate ``g``
+    (``g`` has the shape of ``y`` for an input gate, of ``G`` for an independent one)."""
+
+    a: Tensor
+    m: Tensor
+    g: Tensor
+
+
+def _check_gate(fn: str, gate: str, G_bias: Optional[Tensor], W_hat: Tensor) -> None:
+    """The checks of ``gate`` and of ``G_bias`` against it and ``W_hat``, for :func:`nalu_parts` and the fused
+    :func:`nalu_cuda.functional.nalu` and ``nalu_parts`` (``fn`` names the function in the message)."""
+    if gate not in GATES:
+        raise ValueError(f"nalu_cuda.{fn}: argument 'gate' must be one of {GATES}, got {gate!r}")
+    if G_bias is None:
+        return
+    if gate != "input":
+        raise ValueError(f"nalu_cuda.{fn}: argument 'G_bias' needs gate='input', got gate={gate!r}")
+    want = tuple(W_hat.shape[:-2]) + (W_hat.shape[-1],)
+    if tuple(G_bias.shape) != want:
+        raise ValueError(f"nalu_cuda.{fn}: argument 'G_bias' must have shape {list(want)} (the outputs, per member), "
+                         f"got {list(G_bias.shape)}")
+
+
+def reference_nalu_parts(
+    x: Tensor,
+    W_hat: Tensor,
+    M_hat: Tensor,
+    G: Tensor,
+    W_hat_m: Optional[Tensor] = None,
+    M_hat_m: Optional[Tensor] = None,
+    eps: float = DEFAULT_EPS,
+    gate: str = "input",
+    G_bias: Optional[Tensor] = None,
+):
+    """:func:`reference_nalu` returning ``(y, a, m, g)``: the output and its :class:`NaluParts`."""
+    _check_gate("reference.nalu", gate, G_bias, W_hat)
+    if (W_hat_m is None) != (M_hat_m is None):
+        raise ValueError("nalu_cuda.reference.nalu: give both 'W_hat_m' and 'M_hat_m' (separate weights) or neither")
+    _check_spec_scalar("nalu", "eps", eps, x.dtype)
+    W = reference_nac_weight(W_hat, M_hat)
+    W_m = W if W_hat_m is None else reference_nac_weight(W_hat_m, M_hat_m)
+    a = _matmul(x, W)
+    m = torch.exp(_matmul(log_abs(x, eps), W_m))
+    if gate == "input":
+        z = _matmul(x, G)
+        if G_bias is not None:  # (O,) or (E, O) -> against z of shape (..., O) or (E, ..., O)
+            z = z + _per_member(G_bias, x, G_bias.dim() == 2)
+        g = torch.sigmoid(z)
+        g_b = g
+    else:
+        g = torch.sigmoid(G)
+        g_b = g
+        if W_hat.dim() == 3:  # (E, O) -> (E, 1, ..., 1, O) against y of shape (E, ..., O)
+            g_b = g.reshape(g.shape[0], *([1] * (x.dim() - 2)), g.shape[-1])
+    return g_b * a + (1 - g_b) * m, a, m, g
+
+
+def reference_nalu(
+    x: Tensor,
+    W_hat: Tensor,
+    M_hat: Tensor,
+    G: Tensor,
+    W_hat_m: Optional[Tensor] = None,
+    M_hat_m: Optional[Tensor] = None,
+    eps: float = DEFAULT_EPS,
+    gate: str = "input",
+    G_bias: Optional[Tensor] = None,
+) -> Tensor:
+    """NALU: ``y = g a + (1 - g) m`` with ``a = x W``, ``m = exp(log(|x| + eps) W_m)``.
+
+    ``W_m`` is ``W`` unless ``W_hat_m`` and ``M_hat_m`` are given. ``g = sigmoid(x G)`` (plus
+    ``G_bias`` when given) for ``gate="input"``, ``g = sigmoid(G)`` broadcast over the batch for
+    ``gate="independent"``.
+    """
+    return reference_nalu_parts(x, W_hat, M_hat, G, W_hat_m, M_hat_m, eps, gate, G_bias)[0]
+
 
 # ------------------------------------------------------------------------------------------------
 # Fakes: the same checks and messages as csrc/ops/nac_nalu/checks.cpp, on metadata only.
@@ -271,12 +387,12 @@ class _NaluParts(torch.autograd.Function):
             dW = torch.zeros_like(W_hat)
             dWm = torch.zeros_like(W_hat) if sep else dW
             if da is not None:
-                ddx, ddW = _matmul_vjp(x, reference.nac_weight(W_hat, M_hat), da)
+                ddx, ddW = _matmul_vjp(x, reference_nac_weight(W_hat, M_hat), da)
                 dx, dW = dx + ddx, dW + ddW
                 if not sep:
                     dWm = dW
             if dm is not None:
-                W_m = reference.nac_weight(W_hat_m, M_hat_m) if sep else reference.nac_weight(W_hat, M_hat)
+                W_m = reference_nac_weight(W_hat_m, M_hat_m) if sep else reference_nac_weight(W_hat, M_hat)
                 dlx, ddW = _matmul_vjp(lx, W_m, dm * m)
                 dx = dx + dlx * torch.sign(x) / (x.abs() + ctx.eps)
                 if sep:
@@ -303,7 +419,7 @@ class _NaluParts(torch.autograd.Function):
     def _differentiable_backward(ctx, inputs, grads):
         x, W_hat, M_hat, W_hat_m, M_hat_m, G = inputs
         gate = "input" if ctx.input_gate else "independent"
-        outs = reference.nalu_parts(x, W_hat, M_hat, G, W_hat_m, M_hat_m, ctx.eps, gate)
+        outs = reference_nalu_parts(x, W_hat, M_hat, G, W_hat_m, M_hat_m, ctx.eps, gate)
         pairs = [(o, go) for o, go in zip(outs, grads) if go is not None]
         wanted = [i for i, t in enumerate(inputs) if t is not None and ctx.needs_input_grad[i]]
         got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted], [go for _, go in pairs],
@@ -342,3 +458,13 @@ def nalu_parts(
         with torch.autocast(dev, enabled=False):
             return _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
     return _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
+
+
+# What this family adds to the public names: nalu_cuda.reference, nalu_cuda.functional and the
+# package itself list these (nalu_cuda.ops.FAMILIES). Its layers NAC, NACMul and NALU are in
+# nalu_cuda.modules.
+REFERENCE = {"nac_weight": reference_nac_weight, "log_abs": log_abs, "nac": reference_nac, "nac_mul": reference_nac_mul,
+             "nalu": reference_nalu, "nalu_parts": reference_nalu_parts, "NaluParts": NaluParts, "GATES": GATES}
+FUNCTIONAL = {"nac_weight": nac_weight, "nac": nac, "nac_mul": nac_mul, "nalu": nalu, "nalu_parts": nalu_parts,
+              "NaluParts": NaluParts}
+PUBLIC: dict = {}
