@@ -14,13 +14,13 @@ wrappers, one module per unit family: :mod:`nalu_cuda.ops`. Initialisation prese
 """
 from . import _ops, functional, init_presets, ops, reference, regularizers
 from .layers_base import BACKENDS
-from .modules import NAC, NALU, NACMul
-from . import compat  # noqa: E402  (needs the modules)
+from . import compat  # noqa: E402  (needs the layers)
 
 __version__ = "0.1.0"
-__all__ = ["NAC", "NACMul", "NALU", "BACKENDS", "functional", "reference", "regularizers", "init_presets", "compat",
+__all__ = ["BACKENDS", "functional", "reference", "regularizers", "init_presets", "compat",
            "has_extension", "build_info"]
-# every unit family's layers (NAU, NMU, project_after_step, NPU, RealNPU, INALU): its PUBLIC table
+# every unit family's layers (NAC, NACMul, NALU; NAU, NMU, project_after_step; NPU, RealNPU, INALU):
+# its PUBLIC table
 for _family in ops.FAMILIES:
     globals().update(_family.PUBLIC)
     __all__ += list(_family.PUBLIC)

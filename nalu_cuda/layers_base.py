@@ -2,8 +2,8 @@
 the ``backend`` choice, initialisation helpers, the input check) and the state-dict guard that
 refuses another codebase's ``(out, in)`` weights.
 
-The base of :mod:`nalu_cuda.modules` (NAC, NACMul, NALU) and of the families' layers in :mod:`nalu_cuda.ops` (NPU,
-RealNPU, INALU, NAU, NMU), which both import it and not each other; see :mod:`nalu_cuda.modules`
+The base of every unit family's layers (in :mod:`nalu_cuda.ops`: NAC, NACMul, NALU, NAU, NMU, NPU,
+RealNPU, INALU), which import it and not each other's; see :mod:`nalu_cuda.modules`
 for the conventions (layout, ``backend``, ``init``, ``generator``). The names are re-exported by
 :mod:`nalu_cuda.modules`, where :mod:`nalu_cuda.compat` reads them.
 """
@@ -69,7 +69,7 @@ def _layer_kind(module: nn.Module) -> str:
     """The public nalu_cuda class a layer is (StableNACLayer -> 'NAC'), by its MRO."""
     for cls in type(module).__mro__:
         home = cls.__module__
-        if (home == "nalu_cuda.modules" or home.startswith("nalu_cuda.ops.")) and not cls.__name__.startswith("_"):
+        if home.startswith("nalu_cuda.ops.") and not cls.__name__.startswith("_"):
             return cls.__name__
     return type(module).__name__
 

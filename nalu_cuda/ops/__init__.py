@@ -9,8 +9,7 @@ their kernels:
   iNALU), listed in :data:`FAMILIES`: each its family's specification (pure PyTorch, listed by
   :mod:`nalu_cuda.reference`), fakes (``torch.library.register_fake``, so ``torch.compile`` traces
   the ops), flop-counter formulas, thin wrappers (the differentiable functions of
-  :mod:`nalu_cuda.functional`) and layers (``nalu_cuda.NAU``, ...; NAC/NALU's in
-  :mod:`nalu_cuda.modules`), and the tables ``REFERENCE``, ``FUNCTIONAL`` and ``PUBLIC`` of the
+  :mod:`nalu_cuda.functional`) and layers (``nalu_cuda.NALU``, ...), and the tables ``REFERENCE``, ``FUNCTIONAL`` and ``PUBLIC`` of the
   names it adds to :mod:`nalu_cuda.reference`, :mod:`nalu_cuda.functional` and :mod:`nalu_cuda`;
 * :mod:`.training`: the fake of the experiments' op (``csrc/experiments/``).
 

@@ -9,9 +9,10 @@
   :mod:`nalu_cuda.reference`'s ``nac``, ...), and the conventions it shares with them
   (:class:`NaluParts`, :data:`GATES`, :func:`log_abs`).
 
+* the layers :class:`NAC`, :class:`NACMul` and :class:`NALU` (``nalu_cuda.NALU``, ...).
+
 ``REFERENCE``, ``FUNCTIONAL`` and ``PUBLIC`` at the end say which names this family adds to
-:mod:`nalu_cuda.reference`, :mod:`nalu_cuda.functional` and :mod:`nalu_cuda`; its layers are in
-:mod:`nalu_cuda.modules`.
+:mod:`nalu_cuda.reference`, :mod:`nalu_cuda.functional` and :mod:`nalu_cuda`.
 
 Its shape checks (``_nac_out_shape``, ``_nalu_out_shape``) are iNALU's too (:mod:`.power`), as
 ``csrc/ops/power/`` includes ``csrc/ops/nac_nalu/checks.h``.
@@ -23,6 +24,8 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from .. import init_presets
+from ..layers_base import _ArithmeticLayer, _check_scalar as _check_layer_scalar
 from . import _common
 from ._common import DEFAULT_EPS, _check_spec_scalar, _matmul, _per_member
 from ._common import (_check_float, _check_match, _check_pair, _check_scalar, _check_x_matches, _fail, _fast,
@@ -460,11 +463,155 @@ def nalu_parts(
     return _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
 
 
+# ------------------------------------------------------------------------------------------------
+# The layers (the paper's): conventions (layout, ``backend``, ``init``, ``generator``) in
+# nalu_cuda.modules' docstring.
+# ------------------------------------------------------------------------------------------------
+
+
+class NAC(_ArithmeticLayer):
+    """Neural Accumulator (NAC+): ``y = x W``, ``W = tanh(W_hat) * sigmoid(M_hat)``, no bias.
+
+    Input ``(..., in)`` gives ``(..., out)``; with ``ensemble=E``, ``(E, ..., in)`` gives ``(E, ..., out)``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, ensemble: Optional[int] = None,
+                 backend: str = "auto", device=None, dtype=None, init: str = init_presets.DEFAULT) -> None:
+        super().__init__(in_features, out_features, ensemble, backend, device, dtype, init)
+        self.W_hat = self._param(in_features, out_features)
+        self.M_hat = self._param(in_features, out_features)
+        self.reset_parameters()
+
+    @property
+    def W(self) -> Tensor:
+        """The effective weights ``tanh(W_hat) * sigmoid(M_hat)``."""
+        return reference_nac_weight(self.W_hat, self.M_hat)
+
+    def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
+        if self.use_fused(x):
+            return nac(x, self.W_hat, self.M_hat)
+        return reference_nac(x, self.W_hat, self.M_hat)
+
+    def extra_repr(self) -> str:
+        return f"{self._base_repr()}, backend={self.backend!r}"
+
+
+class NACMul(_ArithmeticLayer):
+    """Multiplicative NAC (NAC*): ``y = exp(log(|x| + eps) W)``, ``W = tanh(W_hat) * sigmoid(M_hat)``."""
+
+    def __init__(self, in_features: int, out_features: int, *, eps: float = DEFAULT_EPS,
+                 ensemble: Optional[int] = None, backend: str = "auto", device=None, dtype=None,
+                 init: str = init_presets.DEFAULT) -> None:
+        super().__init__(in_features, out_features, ensemble, backend, device, dtype, init)
+        self.eps = _check_layer_scalar("NACMul", "eps", eps, dtype=dtype or torch.get_default_dtype())
+        self.W_hat = self._param(in_features, out_features)
+        self.M_hat = self._param(in_features, out_features)
+        self.reset_parameters()
+
+    W = NAC.W
+
+    def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
+        if self.use_fused(x):
+            return nac_mul(x, self.W_hat, self.M_hat, self.eps)
+        return reference_nac_mul(x, self.W_hat, self.M_hat, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self._base_repr()}, eps={self.eps}, backend={self.backend!r}"
+
+
+class NALU(_ArithmeticLayer):
+    """Neural Arithmetic Logic Unit: ``y = g a + (1 - g) m``.
+
+    ``a = x W`` and ``m = exp(log(|x| + eps) W_m)`` with ``W = tanh(W_hat) * sigmoid(M_hat)``;
+    ``W_m = W`` when ``tied=True`` (the paper), else built from its own ``W_hat_m``, ``M_hat_m``.
+    ``gate="input"``: ``g = sigmoid(x G)``, ``G`` of shape ``(in, out)`` (the paper), or
+    ``g = sigmoid(x G + G_bias)`` with ``gate_bias=True`` (stable-nalu's ``nalu_bias``; ``G_bias`` of
+    shape ``(out,)``, initialised to 0); ``gate="independent"``: ``g = sigmoid(G)``, ``G`` of shape ``(out,)``.
+
+    ``keep_parts=True`` keeps the gate and both paths of the last call in ``self.parts``
+    (:class:`NaluParts`: ``a``, ``m``, ``g``), from the same forward and in the
+    autograd graph, so that a gate regulariser (``(parts.g * (1 - parts.g)).sum()``) trains ``G``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, eps: float = DEFAULT_EPS, tied: bool = True,
+                 gate: str = "input", gate_bias: bool = False, keep_parts: bool = False,
+                 ensemble: Optional[int] = None, backend: str = "auto", device=None, dtype=None,
+                 init: str = init_presets.DEFAULT) -> None:
+        super().__init__(in_features, out_features, ensemble, backend, device, dtype, init)
+        if gate not in GATES:
+            raise ValueError(f"nalu_cuda.NALU: argument 'gate' must be one of {GATES}, got {gate!r}")
+        for name, flag in (("tied", tied), ("gate_bias", gate_bias), ("keep_parts", keep_parts)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"nalu_cuda.NALU: argument '{name}' must be a bool, got {flag!r}")
+        if gate_bias and gate != "input":
+            raise ValueError("nalu_cuda.NALU: argument 'gate_bias' needs gate='input' (an input-independent "
+                             f"gate sigmoid(G) is its own bias), got gate={gate!r}")
+        self.eps = _check_layer_scalar("NALU", "eps", eps, dtype=dtype or torch.get_default_dtype())
+        self.tied = tied
+        self.gate = gate
+        self.keep_parts = keep_parts
+        self.parts: Optional[NaluParts] = None
+        self.W_hat = self._param(in_features, out_features)
+        self.M_hat = self._param(in_features, out_features)
+        if tied:
+            self.register_parameter("W_hat_m", None)
+            self.register_parameter("M_hat_m", None)
+        else:
+            self.W_hat_m = self._param(in_features, out_features)
+            self.M_hat_m = self._param(in_features, out_features)
+        self.G = self._param(in_features, out_features) if gate == "input" else self._param(out_features)
+        self.G_bias = self._param(out_features) if gate_bias else None
+        self.reset_parameters()
+
+    @property
+    def gate_bias(self) -> bool:
+        return self.G_bias is not None
+
+    def _init_roles(self):
+        roles = [(self.W_hat, "nac"), (self.M_hat, "nac")]
+        if not self.tied:
+            roles += [(self.W_hat_m, "nac"), (self.M_hat_m, "nac")]
+        roles.append((self.G, "gate" if self.gate == "input" else "gate_independent"))
+        if self.G_bias is not None:
+            roles.append((self.G_bias, "gate_bias"))
+        return roles
+
+    @property
+    def W(self) -> Tensor:
+        """The effective weights of the additive path, ``tanh(W_hat) * sigmoid(M_hat)``."""
+        return reference_nac_weight(self.W_hat, self.M_hat)
+
+    @property
+    def W_m(self) -> Tensor:
+        """The effective weights of the multiplicative path (``W`` when tied)."""
+        return self.W if self.tied else reference_nac_weight(self.W_hat_m, self.M_hat_m)
+
+    def forward(self, x: Tensor) -> Tensor:
+        self._check_input(x)
+        fused = self.use_fused(x)
+        if self.keep_parts:
+            fn = nalu_parts if fused else reference_nalu_parts
+            y, a, m, g = fn(x, self.W_hat, self.M_hat, self.G, self.W_hat_m, self.M_hat_m, self.eps, self.gate,
+                            G_bias=self.G_bias)
+            self.parts = NaluParts(a, m, g)
+            return y
+        fn = nalu if fused else reference_nalu
+        return fn(x, self.W_hat, self.M_hat, self.G, self.W_hat_m, self.M_hat_m, self.eps, self.gate,
+                  G_bias=self.G_bias)
+
+    def extra_repr(self) -> str:
+        extra = (", gate_bias=True" if self.gate_bias else "") + (", keep_parts=True" if self.keep_parts else "")
+        init = "" if self.init == init_presets.DEFAULT else f", init={self.init!r}"
+        return (f"{self._base_repr()}, eps={self.eps}, tied={self.tied}, gate={self.gate!r}{extra}{init}, "
+                f"backend={self.backend!r}")
+
+
 # What this family adds to the public names: nalu_cuda.reference, nalu_cuda.functional and the
-# package itself list these (nalu_cuda.ops.FAMILIES). Its layers NAC, NACMul and NALU are in
-# nalu_cuda.modules.
+# package itself list these (nalu_cuda.ops.FAMILIES).
 REFERENCE = {"nac_weight": reference_nac_weight, "log_abs": log_abs, "nac": reference_nac, "nac_mul": reference_nac_mul,
              "nalu": reference_nalu, "nalu_parts": reference_nalu_parts, "NaluParts": NaluParts, "GATES": GATES}
 FUNCTIONAL = {"nac_weight": nac_weight, "nac": nac, "nac_mul": nac_mul, "nalu": nalu, "nalu_parts": nalu_parts,
               "NaluParts": NaluParts}
-PUBLIC: dict = {}
+PUBLIC = {"NAC": NAC, "NACMul": NACMul, "NALU": NALU}

@@ -3,7 +3,7 @@
 Every module takes ``ensemble=None`` (a plain model: ``x`` is ``(B, ..., in)``) or
 ``ensemble=E`` (``E`` independent models: ``x`` is ``(E, B, ..., in)``, member ``e`` sees only
 ``x[e]`` and its own parameters, which carry a leading ``E``). The NAC/NALU layers are the
-library's (:mod:`nalu_cuda.modules`, fused kernels); the baselines (linear layers, MLPs with any
+library's (``nalu_cuda.NAC``, ..., fused kernels); the baselines (linear layers, MLPs with any
 of :data:`ACTIVATIONS`, LSTM and GRU cells) are plain PyTorch with batched matrix products.
 
 ``reset_parameters(generators)`` initialises member ``e`` from ``generators[e]`` (one
