@@ -43,7 +43,7 @@ from .experiments.parts.mnist_data import mnist_directory  # noqa: F401  (re-exp
 from .experiments.resources import check_memory
 
 # The budgets of ``reproduce`` (see nalu_cuda.experiments.registry.Experiment.profiles).
-PROFILES = ("quick", "standard", "paper")
+PROFILES = ("quick", "standard", "decisive", "paper")
 
 __all__ = ["main", "build_parser", "positive_int", "non_negative_int", "positive_float", "non_negative_float",
            "finite_float", "at_most", "seed_count", "step_count", "phase_step_count", "thread_count", "comma_list",
@@ -155,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run the configurations of every registered experiment at a profile: 'quick' "
                                    f"({REPRODUCE_QUICK_TIME} for every experiment), 'standard' "
                                    "(the static task only: Madsen & Johansen's table at 100 seeds with budgets from "
-                                   "their solved-at statistics; see benchmarks/RESULTS.md for its cost) or 'paper' "
+                                   "their solved-at statistics; see benchmarks/RESULTS.md for its cost), 'decisive' "
+                                   "(for each claim the least budget measured to decide it, on a CPU; hours, meant "
+                                   "for several sittings with --resume or torchrun ranks) or 'paper' "
                                    "(the published budgets; days on a CPU, meant for a GPU).")
     r.add_argument("--profile", choices=PROFILES, default="quick",
                    help="budget (default: quick); `nalu-cuda list --profile P` lists its configurations")
@@ -229,7 +231,7 @@ def _print_list(parser: argparse.ArgumentParser, profile: Optional[str]) -> None
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     if profile is None:
         print("The configurations each command trains with no options (`nalu-cuda <command>`); "
-              "`nalu-cuda list --profile quick|standard|paper` lists a profile's.")
+              "`nalu-cuda list --profile quick|standard|decisive|paper` lists a profile's.")
     else:
         print(f"Profile {profile}: the configurations of `nalu-cuda reproduce --profile {profile}` and of "
               f"`nalu-cuda <command> --profile {profile}` (--seeds/--steps override).")
