@@ -297,8 +297,8 @@ def test_nalu_backward_empty_gradients(O):
     y, a, m, g, lx = torch.ops.nalu_cuda.nalu_forward(t["x"], t["W_hat"], t["M_hat"], None, None, t["G"], EPS, True)
     out = torch.ops.nalu_cuda.nalu_backward(torch.randn_like(y), t["x"], t["W_hat"], t["M_hat"], None, None, t["G"],
                                             a, m, g, lx, EPS, True, False)
-    gx, gw, gm, gwm, gmm, gG = out
-    assert gx.shape == (0,) and gwm.shape == (0,) and gmm.shape == (0,)
+    gx, gw, gm, gwm, gmm, gG, gGb = out
+    assert gx.shape == (0,) and gwm.shape == (0,) and gmm.shape == (0,) and gGb.shape == (0,)
     assert gw.shape == t["W_hat"].shape and gG.shape == t["G"].shape
 
 
