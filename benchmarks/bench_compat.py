@@ -10,6 +10,10 @@ Each codebase's layer is re-implemented here from its published code (weights ``
   ``NALULayer`` (100 -> 2 -> 1, eps 1e-7, their ``NACWeight`` autograd function, the NAC called once
   per path), batches of 128 inputs in U[1, 2], target a + b over overlapping subsets, MSE plus
   the layers' regulariser, Adam lr 1e-3.
+* ``stable-nalu-options``: the same with every option of their ``NALULayer`` that nalu_cuda's has
+  a counterpart for: ``nalu_two_nac=True`` (two NACs), ``nalu_bias=True`` (a gate bias) and
+  ``nalu_gate='regualized'`` (their gate regulariser ``sum(g^2 (1 - g)^2)`` in the loss): nalu_cuda's
+  ``StableNALULayer`` with ``tied=False, gate_bias=True, keep_parts=True``.
 
 nalu_cuda's side: ``nalu_cuda.NALU`` (``init="kaiming"``) / ``nalu_cuda.compat.StableNALULayer``
 loaded with the same starting weights through :mod:`nalu_cuda.compat`, same data, same optimiser.
@@ -132,20 +136,34 @@ class StableNAC(nn.Module):
 
 
 class StableNALU(nn.Module):
-    def __init__(self, in_features, out_features, eps=1e-7):
+    """Their ``NALULayer`` with its options: ``nalu_two_nac`` (a second NAC for the multiplicative
+    path), ``nalu_bias`` (a gate bias ``bias_add``, initialised to 0) and ``nalu_gate='regualized'``
+    (the last call's gate kept, ``regualizer()['g'] = sum(g^2 (1 - g)^2)``)."""
+
+    def __init__(self, in_features, out_features, eps=1e-7, nalu_two_nac=False, nalu_bias=False,
+                 nalu_gate="normal"):
         super().__init__()
-        self.eps = eps
+        self.eps, self.nalu_gate = eps, nalu_gate
         self.nac_add = StableNAC(in_features, out_features)
+        self.nac_mul = StableNAC(in_features, out_features) if nalu_two_nac else None  # None: nac_add
         self.G_add = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias_add = nn.Parameter(torch.zeros(out_features)) if nalu_bias else None
         nn.init.xavier_uniform_(self.G_add, gain=nn.init.calculate_gain("sigmoid"))
+        self._last_gate = None
 
     def regualizer(self):
-        return {}  # nalu_gate='normal': no gate term (their ExtendedTorchModule returns a dict)
+        if self.nalu_gate != "regualized":
+            return {}  # nalu_gate='normal': no gate term (their ExtendedTorchModule returns a dict)
+        g = self._last_gate
+        return {"g": torch.sum(g ** 2 * (1 - g) ** 2)}
 
     def forward(self, x):
-        g = torch.sigmoid(F.linear(x, self.G_add))
+        g = torch.sigmoid(F.linear(x, self.G_add, self.bias_add))
+        if self.nalu_gate == "regualized":
+            self._last_gate = g
         a = self.nac_add(x)
-        m = torch.exp(self.nac_add(torch.log(torch.abs(x) + self.eps)))
+        nac_mul = self.nac_add if self.nac_mul is None else self.nac_mul
+        m = torch.exp(nac_mul(torch.log(torch.abs(x) + self.eps)))
         return g * a + (1 - g) * m
 
 
@@ -173,16 +191,20 @@ def stable_data(gen, batches=64):
     return out
 
 
-def stable_models(seed):
+def stable_models(seed, **options):
     torch.manual_seed(seed)
-    theirs = StableNet(StableNALU)
-    ours = StableNet(compat.StableNALULayer)
+    theirs = StableNet(lambda i, o: StableNALU(i, o, **options))
+    ours = StableNet(lambda i, o: compat.StableNALULayer(i, o, **options))
     for name in ("layer_1", "layer_2"):
         getattr(ours, name).load_state_dict(compat.from_stable_nalu(getattr(theirs, name).state_dict()))
     return theirs, ours, lambda p: torch.optim.Adam(p, lr=1e-3)
 
 
-SETUPS = {"kevinzakka": (zakka_models, zakka_data), "stable-nalu": (stable_models, stable_data)}
+# stable-nalu's NALU with every option our layer has a counterpart for.
+STABLE_OPTIONS = dict(nalu_two_nac=True, nalu_bias=True, nalu_gate="regualized")
+
+SETUPS = {"kevinzakka": (zakka_models, zakka_data), "stable-nalu": (stable_models, stable_data),
+          "stable-nalu-options": (lambda seed: stable_models(seed, **STABLE_OPTIONS), stable_data)}
 
 
 def make_step(model, opt, batches, with_reg):
@@ -205,7 +227,7 @@ def make_step(model, opt, batches, with_reg):
 def run(setup: str, seed: int, rounds: int, min_time: float, check_steps: int) -> dict:
     models, data = SETUPS[setup]
     batches = data(torch.Generator().manual_seed(seed))
-    with_reg = setup == "stable-nalu"
+    with_reg = setup.startswith("stable-nalu")
     # correctness: both sides from the same weights, same batches, float64
     theirs, ours, optim = models(seed)
     b64 = [(x.double(), t.double()) for x, t in batches]
@@ -231,11 +253,8 @@ def run(setup: str, seed: int, rounds: int, min_time: float, check_steps: int) -
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--min-time", type=float, default=0.5, help="seconds per side per round")
     ap.add_argument("--check-steps", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=os.path.join(harness.RESULTS, "compat"), help="results stem")
+    harness.timing_args(ap, "compat", per="side")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     rows = [run(s, args.seed, args.rounds, args.min_time, args.check_steps) for s in args.setups]

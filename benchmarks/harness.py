@@ -226,6 +226,15 @@ def command(script: str, argv: Optional[Sequence[str]]) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
+def timing_args(ap, stem: str, per: str = "side") -> None:
+    """The options of an interleaved CPU timing on `ap` (an argparse parser): --rounds, --min-time
+    (seconds per `per` per round), --seed, --out (the results stem, default RESULTS/`stem`)."""
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--min-time", type=float, default=0.5, help=f"seconds per {per} per round")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=os.path.join(RESULTS, stem), help="results stem")
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]

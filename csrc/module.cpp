@@ -41,13 +41,28 @@ Tensor nac_mul(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, double
   return std::get<0>(op.call(x, W_hat, M_hat, eps));
 }
 
+using NaluOutputs = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;  // y, a, m, g, lx
+
+NaluOutputs nalu_forward(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m,
+                         const OptTensor& M_hat_m, const Tensor& G, double eps, bool input_gate,
+                         const OptTensor& G_bias) {
+  static auto op = find_op<NaluOutputs(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
+                                       const Tensor&, double, bool, const OptTensor&)>("nalu_cuda::nalu_forward");
+  return op.call(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, G_bias);
+}
+
 Tensor nalu(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m,
-            const OptTensor& M_hat_m, const Tensor& G, double eps, bool input_gate) {
-  static auto op =
-      find_op<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
-                                                                 const OptTensor&, const OptTensor&, const Tensor&,
-                                                                 double, bool)>("nalu_cuda::nalu_forward");
-  return std::get<0>(op.call(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate));
+            const OptTensor& M_hat_m, const Tensor& G, double eps, bool input_gate, const OptTensor& G_bias) {
+  return std::get<0>(nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, G_bias));
+}
+
+// The same call returning (y, a, m, g), all differentiable: functional.nalu_parts.
+std::tuple<Tensor, Tensor, Tensor, Tensor> nalu_parts(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
+                                                      const OptTensor& W_hat_m, const OptTensor& M_hat_m,
+                                                      const Tensor& G, double eps, bool input_gate,
+                                                      const OptTensor& G_bias) {
+  auto [y, a, m, g, lx] = nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, G_bias);
+  return {y, a, m, g};
 }
 
 // NAU and NMU: y = op(x, W).
@@ -92,11 +107,17 @@ PYBIND11_MODULE(_C, m) {
     return info;
   });
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
-  // Each returns the op's first result (y); the others are saved for backward by autograd.
+  // Each returns the op's first result (y; nalu_parts: y, a, m, g); the others are saved for backward by autograd.
   m.def("nac_weight", &nac_weight, release());
   m.def("nac", &nac, release());
   m.def("nac_mul", &nac_mul, release());
-  m.def("nalu", &nalu, release());
+  // nalu, nalu_parts: (x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, G_bias=None)
+  const auto nalu_args = std::make_tuple(
+      pybind11::arg("x"), pybind11::arg("W_hat"), pybind11::arg("M_hat"), pybind11::arg("W_hat_m"),
+      pybind11::arg("M_hat_m"), pybind11::arg("G"), pybind11::arg("eps"), pybind11::arg("input_gate"),
+      pybind11::arg("G_bias") = pybind11::none());
+  std::apply([&](auto... a) { m.def("nalu", &nalu, release(), a...); }, nalu_args);
+  std::apply([&](auto... a) { m.def("nalu_parts", &nalu_parts, release(), a...); }, nalu_args);
   m.def("nau", &nau, release());
   m.def("nmu", &nmu, release());
   // The training data of nalu_cuda.experiments.arithmetic.UniformStream (csrc/experiments/cpu/uniform_fill.h).

@@ -206,6 +206,36 @@ def test_nalu_forward_saved_values(O, gate, tied):
                                          t.get("M_hat_m"), EPS, gate), **tol)
 
 
+@pytest.mark.parametrize("E,O", [(None, 2), (2, 3), (None, 24), (2, 20)],
+                         ids=["rowwise", "rowwise-ensemble", "blas", "blas-ensemble"])
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "sep"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_gate_bias_and_part_gradients(E, O, tied, dtype):
+    """The input gate's bias (nalu_forward's G_bias) and the gradients reaching the kept a, m, g
+    (nalu_backward's grad_a, grad_m, grad_g: nalu_parts with a gate regulariser) on both CUDA paths,
+    against the float64 reference; the rowwise path with more than one block per member too."""
+    kind = f"nalu_input_{'tied' if tied else 'sep'}"
+    t = make_inputs(kind, E, (70,), 12, O)
+    lead = () if E is None else (E,)
+    t["G_bias"] = testing.rand_params(lead + (O,))
+    names = sorted(t)
+    gy = torch.randn(lead + (70, O), dtype=torch.float64)
+
+    def loss_and_grads(mod, dtype, device):
+        ts = prepare(t, dtype, device)
+        y, a, m, g = mod.nalu_parts(ts["x"], ts["W_hat"], ts["M_hat"], ts["G"], ts.get("W_hat_m"), ts.get("M_hat_m"),
+                                    EPS, "input", G_bias=ts["G_bias"])
+        loss = (y * gy.to(device=device, dtype=dtype)).sum() + (g ** 2 * (1 - g) ** 2).sum() + 0.1 * (a * m).sum()
+        return [y, a, m, g], torch.autograd.grad(loss, [ts[n] for n in names])
+
+    outs, grads = loss_and_grads(F, dtype, DEV)
+    outs_ref, grads_ref = loss_and_grads(R, torch.float64, "cpu")
+    for what, u, v in zip("yamg", outs, outs_ref):
+        assert_close(u.detach(), v.detach(), dtype, what)
+    for what, u, v in zip(names, grads, grads_ref):
+        assert_close(u, v, dtype, f"grad {what}", grad=True)
+
+
 def _uniform(shape, low, high):
     return torch.rand(shape, dtype=torch.float64) * (high - low) + low
 
@@ -267,8 +297,8 @@ def test_nalu_backward_empty_gradients(O):
     y, a, m, g, lx = torch.ops.nalu_cuda.nalu_forward(t["x"], t["W_hat"], t["M_hat"], None, None, t["G"], EPS, True)
     out = torch.ops.nalu_cuda.nalu_backward(torch.randn_like(y), t["x"], t["W_hat"], t["M_hat"], None, None, t["G"],
                                             a, m, g, lx, EPS, True, False)
-    gx, gw, gm, gwm, gmm, gG = out
-    assert gx.shape == (0,) and gwm.shape == (0,) and gmm.shape == (0,)
+    gx, gw, gm, gwm, gmm, gG, gGb = out
+    assert gx.shape == (0,) and gwm.shape == (0,) and gmm.shape == (0,) and gGb.shape == (0,)
     assert gw.shape == t["W_hat"].shape and gG.shape == t["G"].shape
 
 

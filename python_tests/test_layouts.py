@@ -181,7 +181,7 @@ def test_backward_op_saved_tensor_layouts(gate, layout, O, device):
                                 saved["lx"], 1e-7, gate == "input", True)
         for i, (p, q) in enumerate(zip(got, ref)):
             assert torch.equal(p, q), (key, layout, i)
-    assert len(want) == 6
+    assert len(want) == 7  # grad_G_bias: (0,) without a gate bias
 
 
 def test_layouts_under_baseline_isa():

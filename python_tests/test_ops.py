@@ -190,7 +190,8 @@ def test_baseline_isa_matches_reference():
 
 
 def _op_samples(device):
-    """(op overload, args) covering every op, both paths, both gates, tied and separate."""
+    """(op overload, args) covering every op, both paths, both gates, tied and separate, a gate bias
+    and part gradients."""
     samples = []
     for (E, batch, I, O) in [(None, (5,), 4, 2), (2, (3,), 3, 18)]:
         lead = () if E is None else (E,)
@@ -215,6 +216,13 @@ def _op_samples(device):
                 samples.append(
                     (ops.nalu_backward.default, (gy, x, W, M, wm, mm, gate_arg, a, m, g, lx, 1e-7, input_gate, True))
                 )
+        # the input gate's bias, and gradients reaching the kept parts (every one, or only grad_g)
+        args = (x, W, M, Wm, Mm, G, 1e-7, True, g_ind)
+        samples.append((ops.nalu_forward.default, args))
+        y, a, m, g, lx = ops.nalu_forward(*args)
+        for parts in [(torch.randn_like(a), torch.randn_like(m), torch.randn_like(g)), (None, None, torch.randn_like(g))]:
+            samples.append((ops.nalu_backward.default,
+                            (gy, x, W, M, Wm, Mm, G, a, m, g, lx, 1e-7, True, True, g_ind) + parts))
     # a column-major input: the fakes must report the kernels' contiguous results
     x_t = rand_input((5, 4), device=device).t()  # (4, 5), column-major
     W, M, G = (rand_params((5, 2), device=device) for _ in range(3))
@@ -260,8 +268,9 @@ def test_backward_ops_skip_what_is_not_asked(device):
     x = rand_input((6, 4), device=device)
     W, M, G = (rand_params((4, 2), device=device) for _ in range(3))
     y, a, m, g, lx = ops.nalu_forward(x, W, M, None, None, G, 1e-7, True)
-    gx, gw, gm, gwm, gmm, gG = ops.nalu_backward(torch.ones_like(y), x, W, M, None, None, G, a, m, g, lx, 1e-7, True, False)
-    assert gx.shape == (0,) and gwm.shape == (0,) and gmm.shape == (0,)
+    gx, gw, gm, gwm, gmm, gG, gGb = ops.nalu_backward(torch.ones_like(y), x, W, M, None, None, G, a, m, g, lx, 1e-7,
+                                                      True, False)
+    assert gx.shape == (0,) and gwm.shape == (0,) and gmm.shape == (0,) and gGb.shape == (0,)
     assert gw.shape == W.shape and gG.shape == G.shape
     # the first layer of a network: x needs no gradient, the parameters do
     xr = x.clone()

@@ -28,6 +28,8 @@ struct LayerKind {
   bool mul;   // multiplicative path m = exp(log(|x| + eps) W_m)
   bool tied;  // W_m is W (only meaningful with add && mul)
   Gate gate;  // how a and m are blended (kNone: one path only)
+  // An input gate with a bias: g = sigmoid(x G + G_bias), G_bias (E, O) (stable-nalu's nalu_bias).
+  bool gate_bias = false;
 
   NALU_LAYER_HD constexpr bool nalu() const { return add && mul; }
   // Separate multiplicative weights (W_hat_m, M_hat_m): a NALU whose W_m is not W.
@@ -87,10 +89,16 @@ struct FwdOut {
   P y = nullptr, a = nullptr, m = nullptr, g = nullptr, lx = nullptr;
 };
 
-// What a backward reads besides the inputs: grad_y and the forward's results (m is NAC*'s y).
+// What a backward reads besides the inputs: grad_y and the forward's results (m is NAC*'s y);
+// for a NALU whose kept parts a, m, g had a loss of their own (nalu_parts), the gradients that
+// reach them directly, ga, gm and (input gate) gg, each of y's shape (null: none): added to the
+// pre-activation gradients as da += ga, du += gm m, dz += gg g (1 - g) (math::parts_backward).
 template <typename CP>
 struct SavedPtrs {
   CP dy = nullptr, a = nullptr, m = nullptr, g = nullptr, lx = nullptr;
+  CP ga = nullptr, gm = nullptr, gg = nullptr;
+
+  NALU_LAYER_HD bool part_grads() const { return ga != nullptr || gm != nullptr || gg != nullptr; }
 };
 
 }  // namespace nalu_cuda

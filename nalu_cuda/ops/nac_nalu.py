@@ -159,8 +159,9 @@ def _nac_out_shape(op: str, x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: Option
 
 
 def _nalu_out_shape(op: str, x: Tensor, W_hat: Tensor, M_hat: Tensor, W_hat_m: Optional[Tensor],
-                    M_hat_m: Optional[Tensor], G: Optional[Tensor], input_gate: bool, eps: float) -> list:
-    """The NAC checks, then the separate weights of the multiplicative path, the gate and eps."""
+                    M_hat_m: Optional[Tensor], G: Optional[Tensor], input_gate: bool, eps: float,
+                    G_bias: Optional[Tensor] = None) -> list:
+    """The NAC checks, then the separate weights of the multiplicative path, the gate, its bias and eps."""
     shape = _nac_out_shape(op, x, W_hat, M_hat)
     if (W_hat_m is None) != (M_hat_m is None):
         _fail(op, "separate multiplicative weights need both 'W_hat_m' and 'M_hat_m'")
@@ -179,6 +180,15 @@ def _nalu_out_shape(op: str, x: Tensor, W_hat: Tensor, M_hat: Tensor, W_hat_m: O
         want = list(W_hat.shape[:-2]) + [W_hat.shape[-1]]
         if not input_gate and list(G.shape) != want:
             _fail(op, f"argument 'G' of an input-independent gate must have shape {want}, got {list(G.shape)}")
+    if G_bias is not None:
+        if not input_gate:
+            _fail(op, "argument 'G_bias' needs an input-dependent gate (input_gate=True), got an input-independent gate")
+        _check_float(op, "G_bias", G_bias)
+        _check_match(op, "G_bias", G_bias, "x", x)
+        want = list(W_hat.shape[:-2]) + [W_hat.shape[-1]]
+        if list(G_bias.shape) != want:
+            what = "(E, out)" if len(want) == 2 else "(out,)"
+            _fail(op, f"argument 'G_bias' must have shape {what} = {want}, got {list(G_bias.shape)}")
     _check_scalar(op, "eps", eps, x.dtype)
     return shape
 
@@ -215,14 +225,15 @@ def _register_fakes() -> None:
         return _grad_or_empty(compute_grad_x, x, x), _like(W_hat), _like(M_hat)
 
     @reg("nalu_cuda::nalu_forward")
-    def _(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate):
-        shape = _nalu_out_shape("nalu_forward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps)
+    def _(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, G_bias=None):
+        shape = _nalu_out_shape("nalu_forward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps, G_bias)
         g = x.new_empty(shape) if input_gate else _like(G)
         return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape), g, _like(x)
 
     @reg("nalu_cuda::nalu_backward")
-    def _(grad_y, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, eps, input_gate, compute_grad_x):
-        _nalu_out_shape("nalu_backward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps)
+    def _(grad_y, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, eps, input_gate, compute_grad_x, G_bias=None,
+          grad_a=None, grad_m=None, grad_g=None):
+        _nalu_out_shape("nalu_backward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps, G_bias)
         sep = W_hat_m is not None
         return (
             _grad_or_empty(compute_grad_x, x, x),
@@ -231,6 +242,7 @@ def _register_fakes() -> None:
             _grad_or_empty(sep, W_hat, x),
             _grad_or_empty(sep, W_hat, x),
             _like(G),
+            _grad_or_empty(G_bias is not None, G_bias, x),
         )
 
 
@@ -291,26 +303,6 @@ def nac_mul(x: Tensor, W_hat: Tensor, M_hat: Tensor, eps: float = DEFAULT_EPS) -
     return y
 
 
-def _with_gate_bias(fn, x, W_hat, M_hat, W_hat_m, M_hat_m, G, gate, G_bias):
-    """The checks of ``gate`` and ``G_bias`` (``fn``: the function they name), then, with a ``G_bias``, the
-    same layer on ``[x, 1]``: a zero row appended to the path weights (``tanh(0) = 0``, so
-    the ones column adds exactly 0 to ``a`` and to ``log(|x| + eps) W_m``) and ``G_bias`` appended
-    to ``G`` as its row, so that the fused op computes ``sigmoid(x G + G_bias)``. Gradients reach
-    the originals through the concatenations; the appended rows' own gradients are dropped.
-
-    The wrappers call it only for a ``G_bias`` or a wrong ``gate``: the common call pays no call."""
-    _check_gate(fn, gate, G_bias, W_hat)
-    if G_bias is None:
-        return x, W_hat, M_hat, W_hat_m, M_hat_m, G
-    x1 = torch.cat([x, x.new_ones(x.shape[:-1] + (1,))], -1)
-
-    def zero_row(w):
-        return None if w is None else torch.cat([w, w.new_zeros(w.shape[:-2] + (1, w.shape[-1]))], -2)
-
-    return (x1, zero_row(W_hat), zero_row(M_hat), zero_row(W_hat_m), zero_row(M_hat_m),
-            torch.cat([G, G_bias.unsqueeze(-2)], -2))
-
-
 def nalu(
     x: Tensor,
     W_hat: Tensor,
@@ -322,115 +314,16 @@ def nalu(
     gate: str = "input",
     G_bias: Optional[Tensor] = None,
 ) -> Tensor:
-    """NALU: ``y = g a + (1 - g) m``; see :func:`nalu_cuda.reference.nalu`.
-
-    With ``G_bias`` (input gate only) the fused op runs on ``[x, 1]`` (see ``_with_gate_bias``).
-    """
+    """NALU: ``y = g a + (1 - g) m``; see :func:`nalu_cuda.reference.nalu` (``G_bias``: an input gate's
+    bias, an argument of the fused op)."""
     if G_bias is not None or gate not in GATES:
-        x, W_hat, M_hat, W_hat_m, M_hat_m, G = _with_gate_bias(
-            "functional.nalu", x, W_hat, M_hat, W_hat_m, M_hat_m, G, gate, G_bias)
+        _check_gate("functional.nalu", gate, G_bias, W_hat)
     fast = _fast(x)
     if fast is not None:
-        return fast.nalu(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
-    y, _a, _m, _g, _lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
+        return fast.nalu(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input", G_bias)
+    y, _a, _m, _g, _lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input",
+                                                      G_bias)
     return y
-
-
-def _matmul_vjp(x: Tensor, W: Tensor, dout: Tensor):
-    """For ``out = x W`` (plain or ensemble, as :func:`nalu_cuda.reference._matmul`): ``(dout W^T, x^T dout)``."""
-    dx = _matmul(dout, W.transpose(-1, -2))
-    if W.dim() == 2:
-        dW = x.reshape(-1, x.shape[-1]).t() @ dout.reshape(-1, dout.shape[-1])
-    else:
-        E = W.shape[0]
-        dW = torch.bmm(x.reshape(E, -1, x.shape[-1]).transpose(1, 2), dout.reshape(E, -1, dout.shape[-1]))
-    return dx, dW
-
-
-def _nac_weight_vjp(dW: Tensor, W_hat: Tensor, M_hat: Tensor):
-    """``(dW_hat, dM_hat)`` from ``dW`` through ``W = tanh(W_hat) sigmoid(M_hat)``."""
-    t, s = torch.tanh(W_hat), torch.sigmoid(M_hat)
-    return dW * (1 - t * t) * s, dW * t * s * (1 - s)
-
-
-class _NaluParts(torch.autograd.Function):
-    """The fused NALU op with ``a``, ``m``, ``g`` differentiable outputs.
-
-    Backward: the ``nalu_backward`` op for ``dL/dy``; the gradients that reach ``a``, ``m`` or ``g``
-    directly (a gate regulariser, a loss on a path) add, only when present:
-    ``da``: ``dx += da W^T``, ``dW += x^T da``;  ``dm``: ``du = dm m``, ``dx += (du W_m^T) sign(x) / (|x| + eps)``,
-    ``dW_m += lx^T du``;  ``dg``: ``dz = dg g (1 - g)``, ``dx += dz G^T``, ``dG += x^T dz`` (an
-    independent gate: ``dG += dz``). :func:`nalu`, which returns ``y`` only, never pays for this.
-    """
-
-    @staticmethod
-    def forward(ctx, x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate):
-        y, a, m, g, lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate)
-        ctx.save_for_backward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx)
-        ctx.eps, ctx.input_gate = eps, input_gate
-        ctx.set_materialize_grads(False)
-        return y, a, m, g
-
-    @staticmethod
-    def backward(ctx, dy, da, dm, dg):
-        x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            # create_graph=True: the backward op has no autograd of its own, so differentiate the
-            # reference instead (a differentiable backward, never a disconnected graph).
-            return _NaluParts._differentiable_backward(ctx, (x, W_hat, M_hat, W_hat_m, M_hat_m, G),
-                                                      (dy, da, dm, dg))
-        sep = W_hat_m is not None
-        need_x = ctx.needs_input_grad[0]
-        if dy is None:
-            dy = torch.zeros_like(a)
-        gx, gw, gm, gwm, gmm, gG = _ops_or_raise().nalu_backward(
-            dy, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, ctx.eps, ctx.input_gate, need_x)
-        if da is not None or dm is not None or dg is not None:
-            dx = torch.zeros_like(x)
-            dW = torch.zeros_like(W_hat)
-            dWm = torch.zeros_like(W_hat) if sep else dW
-            if da is not None:
-                ddx, ddW = _matmul_vjp(x, reference_nac_weight(W_hat, M_hat), da)
-                dx, dW = dx + ddx, dW + ddW
-                if not sep:
-                    dWm = dW
-            if dm is not None:
-                W_m = reference_nac_weight(W_hat_m, M_hat_m) if sep else reference_nac_weight(W_hat, M_hat)
-                dlx, ddW = _matmul_vjp(lx, W_m, dm * m)
-                dx = dx + dlx * torch.sign(x) / (x.abs() + ctx.eps)
-                if sep:
-                    dWm = dWm + ddW
-                else:
-                    dW = dW + ddW
-            if dg is not None:
-                dz = dg * g * (1 - g)
-                if ctx.input_gate:
-                    ddx, ddG = _matmul_vjp(x, G, dz)
-                    dx, gG = dx + ddx, gG + ddG
-                else:
-                    gG = gG + dz
-            ew, em = _nac_weight_vjp(dW, W_hat, M_hat)
-            gw, gm = gw + ew, gm + em
-            if sep:
-                ew, em = _nac_weight_vjp(dWm, W_hat_m, M_hat_m)
-                gwm, gmm = gwm + ew, gmm + em
-            if need_x:
-                gx = gx + dx
-        return (gx if need_x else None, gw, gm, gwm if sep else None, gmm if sep else None, gG, None, None)
-
-    @staticmethod
-    def _differentiable_backward(ctx, inputs, grads):
-        x, W_hat, M_hat, W_hat_m, M_hat_m, G = inputs
-        gate = "input" if ctx.input_gate else "independent"
-        outs = reference_nalu_parts(x, W_hat, M_hat, G, W_hat_m, M_hat_m, ctx.eps, gate)
-        pairs = [(o, go) for o, go in zip(outs, grads) if go is not None]
-        wanted = [i for i, t in enumerate(inputs) if t is not None and ctx.needs_input_grad[i]]
-        got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted], [go for _, go in pairs],
-                                  create_graph=True, allow_unused=True)
-        result = [None] * len(inputs)
-        for i, gr in zip(wanted, got):
-            result[i] = gr
-        return (*result, None, None)
 
 
 def nalu_parts(
@@ -445,22 +338,18 @@ def nalu_parts(
     G_bias: Optional[Tensor] = None,
 ):
     """:func:`nalu` returning ``(y, a, m, g)`` from the one fused forward, all four differentiable
-    (see :func:`nalu_cuda.reference.nalu_parts`; ``g`` has ``G``'s shape for an independent gate)."""
-    if G_bias is not None or gate not in GATES:
-        x, W_hat, M_hat, W_hat_m, M_hat_m, G = _with_gate_bias(
-            "functional.nalu_parts", x, W_hat, M_hat, W_hat_m, M_hat_m, G, gate, G_bias)
-    dev = x.device.type
-    if torch.is_autocast_enabled(dev):
-        # the ops' autocast policy (csrc/common/autocast.cpp): float16/bfloat16 arguments cast to float32
-        # once, the op run outside autocast; here before the Function, so that what it saves for
-        # backward has the dtype the ops ran in.
-        def f32(t):
-            return t.float() if t is not None and t.dtype in (torch.float16, torch.bfloat16) else t
+    (see :func:`nalu_cuda.reference.nalu_parts`; ``g`` has ``G``'s shape for an independent gate).
 
-        x, W_hat, M_hat, W_hat_m, M_hat_m, G = map(f32, (x, W_hat, M_hat, W_hat_m, M_hat_m, G))
-        with torch.autocast(dev, enabled=False):
-            return _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
-    return _NaluParts.apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input")
+    The same op as :func:`nalu`, whose ``a``, ``m``, ``g`` are differentiable outputs: their gradients
+    (a gate regulariser, a loss on a path) go to the fused backward with ``dL/dy`` (its ``grad_a``,
+    ``grad_m``, ``grad_g``), so keeping the parts costs what :func:`nalu` does."""
+    if G_bias is not None or gate not in GATES:
+        _check_gate("functional.nalu_parts", gate, G_bias, W_hat)
+    fast = _fast(x)
+    if fast is not None:
+        return fast.nalu_parts(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input", G_bias)
+    y, a, m, g, _lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input", G_bias)
+    return y, a, m, g
 
 
 # ------------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 // Each forward op is a torch::autograd::Function whose backward is one call of the matching
 // *_backward op through the dispatcher (so it runs on the inputs' device, and torch.compile
 // traces it through the ops' fakes). Saved: the inputs and the forward's extra results
-// (lx = log(|x| + eps); a, m, g for NALU); those extra results are marked non-differentiable.
+// (lx = log(|x| + eps); a, m, g for NALU); lx is marked non-differentiable, NALU's a, m, g are
+// not (their gradients go to nalu_backward as grad_a, grad_m, grad_g: nalu_parts).
 // Written in C++ rather than with torch.library.register_autograd because at the paper's layer
 // sizes the Python wrapper costs more than the whole fused forward.
 //
@@ -109,15 +110,36 @@ variable_list nac_mul_backward_composite(const Tensor& grad_y, const Tensor& x, 
   return {gx, gw, gm};
 }
 
-// y = g a + (1 - g) m (docs/units.md): da = g dy, du = (1 - g) dy m, dz = (a - m) dy g (1 - g);
-// dW = x^T da (+ lx^T du when tied), dW_m = lx^T du, dG = x^T dz (input gate) or the batch sum of dz;
-// dx = da W^T + dz G^T (input gate) + (du W_m^T) s(x).
-// Returns (dx, dW_hat, dM_hat, dW_hat_m, dM_hat_m, dG); dW_hat_m, dM_hat_m undefined when tied.
+// (E, O) -> (E, 1, ..., 1, O), a per-member vector (an independent gate, a gate bias) against
+// outputs of shape (E, ..., O); a plain layer's (O,) broadcasts as it is.
+Tensor per_member(const Tensor& v, const Tensor& x, bool ensemble) {
+  if (!ensemble) return v;
+  std::vector<int64_t> shape(x.dim(), 1);
+  shape.front() = v.size(0);
+  shape.back() = v.size(-1);
+  return v.reshape(shape);
+}
+
+// The sum over the batch of d (outputs' shape) into a per-member vector's shape ((O,) / (E, O)).
+Tensor batch_sum(const Tensor& d, const Tensor& x, bool ensemble, int64_t O) {
+  const int64_t rows = batch_rows(x, ensemble);
+  return ensemble ? d.reshape({d.size(0), rows, O}).sum(1) : d.reshape({rows, O}).sum(0);
+}
+
+// y = g a + (1 - g) m (docs/units.md), z = x G + G_bias: da = g dy, du = (1 - g) dy m,
+// dz = (a - m) dy g (1 - g), and the gradients reaching the parts directly (nalu_parts; undefined:
+// none): da += ga, du += gm m, dz += gg g (1 - g) (an independent gate's gg, G's shape, adds
+// gg g (1 - g) to dG instead). dW = x^T da (+ lx^T du when tied), dW_m = lx^T du, dG = x^T dz
+// (input gate) or the batch sum of dz, dG_bias = the batch sum of dz; dx = da W^T + dz G^T (input
+// gate) + (du W_m^T) s(x). Returns (dx, dW_hat, dM_hat, dW_hat_m, dM_hat_m, dG, dG_bias); dW_hat_m,
+// dM_hat_m undefined when tied, dG_bias without a bias.
 variable_list nalu_backward_composite(const Tensor& grad_y, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
                                       const OptTensor& W_hat_m, const OptTensor& M_hat_m, const Tensor& G,
-                                      double eps, bool input_gate, bool need_x) {
+                                      const OptTensor& G_bias, double eps, bool input_gate, bool need_x,
+                                      const Tensor& ga, const Tensor& gm, const Tensor& gg) {
   const bool separate = W_hat_m.has_value();
   const bool ensemble = W_hat.dim() == 3;
+  const int64_t O = W_hat.size(-1);
   const Tensor W = nac_weight_composite(W_hat, M_hat);
   const Tensor W_m = separate ? nac_weight_composite(*W_hat_m, *M_hat_m) : W;
   const Tensor lx = at::log(at::abs(x) + eps);
@@ -125,41 +147,41 @@ variable_list nalu_backward_composite(const Tensor& grad_y, const Tensor& x, con
   const Tensor m = at::exp(layer_matmul(lx, W_m));
   Tensor g;
   if (input_gate) {
-    g = at::sigmoid(layer_matmul(x, G));
+    Tensor z = layer_matmul(x, G);
+    if (G_bias.has_value()) z = z + per_member(*G_bias, x, ensemble);
+    g = at::sigmoid(z);
   } else {
-    g = at::sigmoid(G);
-    if (ensemble) {  // (E, O) -> (E, 1, ..., 1, O) against y of shape (E, ..., O)
-      std::vector<int64_t> shape(x.dim(), 1);
-      shape.front() = G.size(0);
-      shape.back() = G.size(-1);
-      g = g.reshape(shape);
-    }
+    g = per_member(at::sigmoid(G), x, ensemble);
   }
-  const Tensor da = g * grad_y;
-  const Tensor du = (1 - g) * grad_y * m;
-  const Tensor dz = (a - m) * grad_y * g * (1 - g);
+  Tensor da = g * grad_y;
+  if (ga.defined()) da = da + ga;
+  Tensor du = (1 - g) * grad_y;
+  if (gm.defined()) du = du + gm;
+  du = du * m;
+  Tensor dz = (a - m) * grad_y;
+  if (gg.defined() && input_gate) dz = dz + gg;
+  dz = dz * g * (1 - g);
   Tensor dW = layer_weight_grad(x, da, W);
   const Tensor dW_m = layer_weight_grad(lx, du, W_m);
-  Tensor dG;
-  if (input_gate) {
-    dG = layer_weight_grad(x, dz, G);
-  } else {
-    const int64_t rows = batch_rows(x, ensemble), O = G.size(-1);
-    dG = ensemble ? dz.reshape({G.size(0), rows, O}).sum(1) : dz.reshape({rows, O}).sum(0);
+  Tensor dG = input_gate ? layer_weight_grad(x, dz, G) : batch_sum(dz, x, ensemble, O);
+  if (gg.defined() && !input_gate) {
+    const Tensor s = at::sigmoid(G);
+    dG = dG + gg * s * (1 - s);
   }
-  Tensor gw, gm, gwm, gmm;
+  const Tensor dG_bias = G_bias.has_value() ? batch_sum(dz, x, ensemble, O) : Tensor();
+  Tensor gw, gm_hat, gwm, gmm;
   if (separate) {
     std::tie(gwm, gmm) = nac_weight_backward_composite(dW_m, *W_hat_m, *M_hat_m);
   } else {
     dW = dW + dW_m;
   }
-  std::tie(gw, gm) = nac_weight_backward_composite(dW, W_hat, M_hat);
+  std::tie(gw, gm_hat) = nac_weight_backward_composite(dW, W_hat, M_hat);
   Tensor gx;
   if (need_x) {
     gx = layer_matmul(da, W.transpose(-1, -2)) + layer_matmul(du, W_m.transpose(-1, -2)) * log_abs_derivative(x, eps);
     if (input_gate) gx = gx + layer_matmul(dz, G.transpose(-1, -2));
   }
-  return {gx, gw, gm, gwm, gmm, dG};
+  return {gx, gw, gm_hat, gwm, gmm, dG, dG_bias};
 }
 
 class NacWeightFunction : public torch::autograd::Function<NacWeightFunction> {
@@ -233,48 +255,59 @@ class NacMulFunction : public torch::autograd::Function<NacMulFunction> {
   }
 };
 
+// a, m and g are differentiable outputs (nalu_parts: a gate regulariser, a loss on a path): their
+// gradients go to the backward op as grad_a, grad_m, grad_g; lx is not.
 class NaluFunction : public torch::autograd::Function<NaluFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
                                const OptTensor& W_hat_m, const OptTensor& M_hat_m, const Tensor& G,
-                               const NaluScalars& scalars) {
+                               const NaluScalars& scalars, const OptTensor& G_bias) {
     static auto op = find_op<WithScalars<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>, NaluScalars, const Tensor&,
                                          const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
-                                         const Tensor&>::sig<>>("nalu_cuda::nalu_forward");
+                                         const Tensor&>::sig<const OptTensor&>>("nalu_cuda::nalu_forward");
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, a, m, g, lx] =
-        std::apply([&](auto... sc) { return op.call(x, W_hat, M_hat, W_hat_m, M_hat_m, G, sc...); }, scalars);
-    ctx->save_for_backward({x, W_hat, M_hat, or_undefined(W_hat_m), or_undefined(M_hat_m), G, a, m, g, lx});
+    auto [y, a, m, g, lx] = std::apply(
+        [&](auto... sc) { return op.call(x, W_hat, M_hat, W_hat_m, M_hat_m, G, sc..., G_bias); }, scalars);
+    ctx->save_for_backward(
+        {x, W_hat, M_hat, or_undefined(W_hat_m), or_undefined(M_hat_m), G, a, m, g, lx, or_undefined(G_bias)});
     ctx->saved_data["scalars"] = scalars;
     ctx->saved_data["separate"] = W_hat_m.has_value();
-    ctx->mark_non_differentiable({a, m, g, lx});
-    ctx->set_materialize_grads(false);  // no zero-filled gradients for a, m, g, lx
+    ctx->saved_data["bias"] = G_bias.has_value();
+    ctx->mark_non_differentiable({lx});
+    ctx->set_materialize_grads(false);  // undefined, not zero-filled, gradients for the outputs without one
     return {y, a, m, g, lx};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto op = find_op<WithScalars<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>, NaluScalars,
-                                         const Tensor&, const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
-                                         const OptTensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                         const Tensor&>::sig<bool>>("nalu_cuda::nalu_backward");
-    if (!grads[0].defined()) return variable_list(7);
+    static auto op = find_op<WithScalars<
+        std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>, NaluScalars, const Tensor&, const Tensor&,
+        const Tensor&, const Tensor&, const OptTensor&, const OptTensor&, const Tensor&, const Tensor&, const Tensor&,
+        const Tensor&, const Tensor&>::sig<bool, const OptTensor&, const OptTensor&, const OptTensor&,
+                                           const OptTensor&>>("nalu_cuda::nalu_backward");
+    const Tensor &ga = grads[1], &gm = grads[2], &gg = grads[3];
+    if (!grads[0].defined() && !ga.defined() && !gm.defined() && !gg.defined()) return variable_list(8);
     auto s = ctx->get_saved_variables();
+    const Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(s[6]);  // a loss on the parts only
     const bool separate = ctx->saved_data["separate"].toBool();
     const OptTensor W_hat_m = separate ? OptTensor(s[3]) : c10::nullopt;
     const OptTensor M_hat_m = separate ? OptTensor(s[4]) : c10::nullopt;
+    const OptTensor G_bias = ctx->saved_data["bias"].toBool() ? OptTensor(s[10]) : c10::nullopt;
     const bool need_x = ctx->needs_input_grad(0);
     const auto scalars = saved_scalars<NaluScalars>(ctx);
     if (at::GradMode::is_enabled()) {
       const auto [eps, input_gate] = scalars;
-      auto r = nalu_backward_composite(grads[0], s[0], s[1], s[2], W_hat_m, M_hat_m, s[5], eps, input_gate, need_x);
-      r.resize(7);
-      return r;
+      auto r = nalu_backward_composite(dy, s[0], s[1], s[2], W_hat_m, M_hat_m, s[5], G_bias, eps, input_gate, need_x,
+                                       ga, gm, gg);
+      return {r[0], r[1], r[2], r[3], r[4], r[5], Tensor(), r[6]};
     }
-    auto [gx, gw, gm, gwm, gmm, gG] = std::apply(
+    auto opt = [](const Tensor& t) { return t.defined() ? OptTensor(t) : c10::nullopt; };
+    auto [gx, gw, gm_hat, gwm, gmm, gG, gGb] = std::apply(
         [&](auto... sc) {
-          return op.call(grads[0], s[0], s[1], s[2], W_hat_m, M_hat_m, s[5], s[6], s[7], s[8], s[9], sc..., need_x);
+          return op.call(dy, s[0], s[1], s[2], W_hat_m, M_hat_m, s[5], s[6], s[7], s[8], s[9], sc..., need_x, G_bias,
+                         opt(ga), opt(gm), opt(gg));
         },
         scalars);
-    return {need_x ? gx : Tensor(), gw, gm, separate ? gwm : Tensor(), separate ? gmm : Tensor(), gG, Tensor()};
+    return {need_x ? gx : Tensor(), gw, gm_hat, separate ? gwm : Tensor(), separate ? gmm : Tensor(), gG, Tensor(),
+            G_bias.has_value() ? gGb : Tensor()};
   }
 };
 
@@ -295,8 +328,9 @@ std::tuple<Tensor, Tensor> nac_mul_forward_autograd(const Tensor& x, const Tenso
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> nalu_forward_autograd(const Tensor& x, const Tensor& W_hat,
                                                                          const Tensor& M_hat, const OptTensor& W_hat_m,
                                                                          const OptTensor& M_hat_m, const Tensor& G,
-                                                                         double eps, bool input_gate) {
-  auto r = NaluFunction::apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, NaluScalars{eps, input_gate});
+                                                                         double eps, bool input_gate,
+                                                                         const OptTensor& G_bias) {
+  auto r = NaluFunction::apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, NaluScalars{eps, input_gate}, G_bias);
   return {r[0], r[1], r[2], r[3], r[4]};
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/baddbmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/sum.h>
 
@@ -19,9 +20,9 @@ namespace nalu_cuda {
 namespace blas_path {
 
 // The constructed weights of a call: W = tanh(W_hat) sigmoid(M_hat), W_m (W itself when tied),
-// and an input gate's G, each (E, I, O). Undefined where the kind has none.
+// and an input gate's G, each (E, I, O), and its bias Gb, (E, O). Undefined where the kind has none.
 struct Weights {
-  at::Tensor W, Wm, G;
+  at::Tensor W, Wm, G, Gb;
 };
 
 // Forward. Before the call the device has built `w`, written lx (NAC*, NALU) into f.lx and an
@@ -48,7 +49,11 @@ void forward(const LayerArgs& args, const Dims& d, const at::Tensor& x3, const W
     at::bmm_out(u3, lx3, w.Wm);
     if (kind.gate == Gate::kInput) {
       at::Tensor z3 = f.g.view({d.E, d.N, d.O});
-      at::bmm_out(z3, x3, w.G);
+      if (w.Gb.defined()) {  // z = G_bias + x G
+        at::baddbmm_out(z3, w.Gb.view({d.E, 1, d.O}).expand({d.E, d.N, d.O}), x3, w.G);
+      } else {
+        at::bmm_out(z3, x3, w.G);
+      }
     }
   }
   epilogue();
@@ -63,13 +68,13 @@ enum class OutputGrad { kDa, kDu, kDz };
 // `w`: no product reads w before it). dx (undefined: not asked for) is built in place:
 //   du W_m^T, scaled by sign(x) / (|x| + eps), + da W^T, + dz G^T.
 // dW, dWm are the gradients w.r.t. W, W_m (E, I, O; dWm undefined when tied: du's product adds
-// into dW); dG is G's gradient in G's shape. `after_weight_products()` runs once dW, dWm are final
+// into dW); dG is G's gradient in G's shape, dGb the gate bias's (undefined: none), sum_n dz. `after_weight_products()` runs once dW, dWm are final
 // and dx holds du W_m^T only: there the device scales dx (NAC*, NALU) and may run the weight
 // construction's backward.
 template <typename Fill, typename AfterWeightProducts>
 void backward(const LayerArgs& args, const Dims& d, const at::Tensor& x3, const at::Tensor& lx, const Weights& w,
               const at::Tensor& buf, const at::Tensor& dx, const at::Tensor& dW, const at::Tensor& dWm,
-              const at::Tensor& dG, Fill&& fill, AfterWeightProducts&& after_weight_products) {
+              const at::Tensor& dG, const at::Tensor& dGb, Fill&& fill, AfterWeightProducts&& after_weight_products) {
   const LayerKind& kind = args.kind;
   const bool sep = kind.sep();
   const at::Tensor xT = x3.transpose(1, 2);
@@ -103,6 +108,10 @@ void backward(const LayerArgs& args, const Dims& d, const at::Tensor& x3, const 
       at::Tensor dG3 = dG.view({d.E, d.I, d.O});
       at::bmm_out(dG3, xT, buf);
       if (dx.defined()) dx3.baddbmm_(buf, w.G.transpose(1, 2));
+      if (dGb.defined()) {
+        at::Tensor dGb2 = dGb.view({d.E, d.O});
+        at::sum_out(dGb2, buf, at::IntArrayRef{1});
+      }
     } else {
       at::Tensor dG2 = dG.view({d.E, d.O});
       at::sum_out(dG2, buf, at::IntArrayRef{1});

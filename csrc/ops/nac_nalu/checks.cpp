@@ -23,6 +23,18 @@ void check_weight_pair(const char* op, const at::Tensor& W_hat, const at::Tensor
   check_matches(op, m_name, M_hat, w_name, W_hat);
 }
 
+namespace {
+
+// Checks that `t` (argument `name`, `what` it is) has one value per output: shape (out,), or
+// (E, out) for an ensemble.
+void check_per_output(const char* op, const char* name, const char* what, const at::Tensor& t, const LayerShape& s) {
+  std::vector<int64_t> want = s.ensemble ? std::vector<int64_t>{s.E, s.O} : std::vector<int64_t>{s.O};
+  TORCH_CHECK(t.sizes() == at::IntArrayRef(want), op, ": argument '", name, "'", what, " must have shape ",
+              s.ensemble ? "(E, out) = " : "(out,) = ", sizes_str(want), ", got ", sizes_str(t.sizes()));
+}
+
+}  // namespace
+
 LayerShape check_layer(const char* op, const LayerKind& kind, const at::Tensor& x,
                        const LayerParams& p, double eps) {
   check_floating(op, "x", x);
@@ -49,12 +61,15 @@ LayerShape check_layer(const char* op, const LayerKind& kind, const at::Tensor& 
                   ": argument 'G' of an input-dependent gate must have the shape of 'W_hat' ",
                   sizes_str(p.W_hat.sizes()), ", got ", sizes_str(p.G.sizes()));
     } else {
-      std::vector<int64_t> want = s.ensemble ? std::vector<int64_t>{s.E, s.O} : std::vector<int64_t>{s.O};
-      TORCH_CHECK(p.G.sizes() == at::IntArrayRef(want), op,
-                  ": argument 'G' of an input-independent gate must have shape ",
-                  s.ensemble ? "(E, out) = " : "(out,) = ", sizes_str(want), ", got ",
-                  sizes_str(p.G.sizes()));
+      check_per_output(op, "G", " of an input-independent gate", p.G, s);
     }
+  }
+  if (p.G_bias.defined()) {
+    TORCH_CHECK(kind.gate == Gate::kInput, op,
+                ": argument 'G_bias' needs an input-dependent gate (input_gate=True), got an input-independent gate");
+    check_floating(op, "G_bias", p.G_bias);
+    check_matches(op, "G_bias", p.G_bias, "x", x);
+    check_per_output(op, "G_bias", "", p.G_bias, s);
   }
   if (kind.mul) check_eps(op, eps, x.scalar_type());
   return s;
@@ -76,6 +91,13 @@ void check_saved(const char* op, const LayerKind& kind, const LayerShape& s, con
     check_like(op, "y", m, s.out_sizes, x);
   }
   if (kind.mul) check_like(op, "lx", lx, x.sizes(), x);
+}
+
+void check_part_grads(const char* op, const PartGrads& pg, const at::Tensor& x, const at::Tensor& a,
+                      const at::Tensor& m, const at::Tensor& g) {
+  if (pg.a.defined()) check_like(op, "grad_a", pg.a, a.sizes(), x);
+  if (pg.m.defined()) check_like(op, "grad_m", pg.m, m.sizes(), x);
+  if (pg.g.defined()) check_like(op, "grad_g", pg.g, g.sizes(), x);
 }
 
 }  // namespace nalu_cuda

@@ -20,11 +20,12 @@
 namespace nalu_cuda {
 
 // The three units: NAC+ and NAC* (kNacAdd, kNacMul: layer_types.h) and NALU, whose weights are
-// tied unless W_hat_m or M_hat_m is given (then both must be).
+// tied unless W_hat_m or M_hat_m is given (then both must be), and whose gate has a bias when
+// G_bias is given (check_layer: only an input gate may).
 inline LayerKind nalu_kind(const c10::optional<at::Tensor>& W_hat_m, const c10::optional<at::Tensor>& M_hat_m,
-                           bool input_gate) {
+                           bool input_gate, const c10::optional<at::Tensor>& G_bias = c10::nullopt) {
   return LayerKind{true, true, !W_hat_m.has_value() && !M_hat_m.has_value(),
-                   input_gate ? Gate::kInput : Gate::kIndependent};
+                   input_gate ? Gate::kInput : Gate::kIndependent, G_bias.has_value()};
 }
 
 // The weights and gate of one call, as given (possibly undefined when not used).
@@ -32,6 +33,7 @@ struct LayerParams {
   at::Tensor W_hat, M_hat;      // (I, O) or (E, I, O)
   at::Tensor W_hat_m, M_hat_m;  // separate multiplicative weights, undefined when tied or unused
   at::Tensor G;                 // (I, O) / (E, I, O) input gate, (O,) / (E, O) independent gate
+  at::Tensor G_bias;            // an input gate's bias, (O,) / (E, O); undefined when it has none
 };
 
 // A forward op's results, on either device (the families' schema.cpp (csrc/ops/*/schema.cpp)): y, and what its backward needs
@@ -44,7 +46,14 @@ struct Forward {
 // A backward op's results; a gradient that was not asked for is undefined until the op entry
 // (ops.h) makes it the (0,)-shaped tensor of the schema.
 struct Backward {
-  at::Tensor grad_x, grad_W_hat, grad_M_hat, grad_W_hat_m, grad_M_hat_m, grad_G;
+  at::Tensor grad_x, grad_W_hat, grad_M_hat, grad_W_hat_m, grad_M_hat_m, grad_G, grad_G_bias;
+};
+
+// The gradients that reach a NALU forward's a, m, g directly (nalu_backward's grad_a, grad_m,
+// grad_g; undefined: none).
+struct PartGrads {
+  at::Tensor a, m, g;
+  bool any() const { return a.defined() || m.defined() || g.defined(); }
 };
 
 // Checks a pair (W_hat, M_hat) of weight tensors: floating, same dtype/device/shape, and, for a
@@ -67,5 +76,9 @@ LayerShape check_layer(const char* op, const LayerArgs& args, const at::Tensor& 
 void check_saved(const char* op, const LayerKind& kind, const LayerShape& s, const at::Tensor& x,
                  const at::Tensor& G, const at::Tensor& grad_y, const at::Tensor& a,
                  const at::Tensor& m, const at::Tensor& g, const at::Tensor& lx);
+
+// Checks the gradients given for a NALU forward's kept parts: each like the part it is for.
+void check_part_grads(const char* op, const PartGrads& pg, const at::Tensor& x, const at::Tensor& a,
+                      const at::Tensor& m, const at::Tensor& g);
 
 }  // namespace nalu_cuda

@@ -94,5 +94,15 @@ NALU_HD void blend_backward(T dy, T a, T m, T g, T* da, T* du, T* dz) {
   *dz = (a - m) * dy * g * (T(1) - g);
 }
 
+// The gradients that reach the kept parts of one output element directly (nalu_parts: a loss on
+// a, m or g), added to those of the blend: a = a;  m = exp(u);  g = sigmoid(z) (input gate).
+//   da += ga;  du += gm m;  dz += gg g (1 - g)
+template <typename T>
+NALU_HD void parts_backward(T ga, T gm, T gg, T m, T g, T* da, T* du, T* dz) {
+  *da += ga;
+  *du += gm * m;
+  *dz += gg * g * (T(1) - g);
+}
+
 }  // namespace math
 }  // namespace nalu_cuda

@@ -9,7 +9,8 @@
 //       what only that device requires of the argument the op runs on (its device, its dtypes)
 //   static Forward forward(const LayerArgs&, const LayerShape&, const at::Tensor& x, const LayerParams&);
 //   static Backward backward(const LayerArgs&, const LayerShape&, const at::Tensor& grad_y,
-//                            const at::Tensor& x, const LayerParams&, const Forward& saved);
+//                            const at::Tensor& x, const LayerParams&, const Forward& saved,
+//                            const PartGrads& parts);
 //   static at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat);
 //   static std::tuple<at::Tensor, at::Tensor> weight_backward(const at::Tensor& grad_W,
 //                                                            const at::Tensor& W_hat, const at::Tensor& M_hat);
@@ -38,7 +39,7 @@ struct LayerOps {
   using Tensor2 = std::tuple<Tensor, Tensor>;
   using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
   using Tensor5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
-  using Tensor6 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+  using Tensor7 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
   // ---------------------------------------------------------------------------------------------
   // The ops (schemas: the families' schema.cpp (csrc/ops/*/schema.cpp))
@@ -87,21 +88,32 @@ struct LayerOps {
   }
 
   static Tensor5 nalu_forward(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m,
-                              const OptTensor& M_hat_m, const Tensor& G, double eps, bool input_gate) {
-    const Forward f = forward("nalu_cuda::nalu_forward", {.kind = nalu_kind(W_hat_m, M_hat_m, input_gate), .eps = eps},
-                              x, params(W_hat, M_hat, W_hat_m, M_hat_m, G));
+                              const OptTensor& M_hat_m, const Tensor& G, double eps, bool input_gate,
+                              const OptTensor& G_bias) {
+    const Forward f =
+        forward("nalu_cuda::nalu_forward", {.kind = nalu_kind(W_hat_m, M_hat_m, input_gate, G_bias), .eps = eps}, x,
+                params(W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias));
     return {f.y, f.a, f.m, f.g, f.lx};
   }
 
-  static Tensor6 nalu_backward(const Tensor& grad_y, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
+  // grad_a, grad_m, grad_g: gradients reaching the kept parts directly. The kernels add them at
+  // the pre-activations of each output element; an input-independent gate's g has G's shape, so
+  // its grad_g adds grad_g g (1 - g) to grad_G here.
+  static Tensor7 nalu_backward(const Tensor& grad_y, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
                                const OptTensor& W_hat_m, const OptTensor& M_hat_m, const Tensor& G, const Tensor& a,
                                const Tensor& m, const Tensor& g, const Tensor& lx, double eps, bool input_gate,
-                               bool compute_grad_x) {
+                               bool compute_grad_x, const OptTensor& G_bias, const OptTensor& grad_a,
+                               const OptTensor& grad_m, const OptTensor& grad_g) {
+    const char* op = "nalu_cuda::nalu_backward";
     const Forward saved{Tensor(), a, m, g, lx};
-    const LayerArgs args{.kind = nalu_kind(W_hat_m, M_hat_m, input_gate), .eps = eps, .compute_grad_x = compute_grad_x};
-    const Backward r =
-        backward("nalu_cuda::nalu_backward", args, grad_y, x, params(W_hat, M_hat, W_hat_m, M_hat_m, G), saved);
-    return {r.grad_x, r.grad_W_hat, r.grad_M_hat, r.grad_W_hat_m, r.grad_M_hat_m, r.grad_G};
+    const LayerArgs args{.kind = nalu_kind(W_hat_m, M_hat_m, input_gate, G_bias), .eps = eps,
+                         .compute_grad_x = compute_grad_x};
+    const PartGrads given{own(grad_a), own(grad_m), own(grad_g)};
+    check_part_grads(op, given, x, a, m, g);
+    const PartGrads parts{given.a, given.m, input_gate ? given.g : Tensor()};
+    Backward r = backward(op, args, grad_y, x, params(W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias), saved, parts);
+    if (!input_gate && given.g.defined()) r.grad_G = r.grad_G.add(given.g.mul(g.sub(g.mul(g))));  // g (1 - g)
+    return {r.grad_x, r.grad_W_hat, r.grad_M_hat, r.grad_W_hat_m, r.grad_M_hat_m, r.grad_G, r.grad_G_bias};
   }
 
   static void register_kernels(torch::Library& m) {
@@ -119,15 +131,19 @@ struct LayerOps {
   // The parameters of one call, each made contiguous here, once, and owned by the LayerParams for
   // the whole call: kernels read them through raw pointers, which must never point into a
   // temporary copy (a `t.contiguous().data_ptr()` of a non-contiguous `t` dangles at the `;`).
+  static Tensor own(const Tensor& t) { return t.defined() ? t.contiguous() : t; }
+  static Tensor own(const OptTensor& t) { return t.has_value() ? own(*t) : Tensor(); }
+
   static LayerParams params(const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m = c10::nullopt,
-                            const OptTensor& M_hat_m = c10::nullopt, const Tensor& G = Tensor()) {
-    auto own = [](const Tensor& t) { return t.defined() ? t.contiguous() : t; };
+                            const OptTensor& M_hat_m = c10::nullopt, const Tensor& G = Tensor(),
+                            const OptTensor& G_bias = c10::nullopt) {
     LayerParams p;
     p.W_hat = own(W_hat);
     p.M_hat = own(M_hat);
-    if (W_hat_m.has_value()) p.W_hat_m = own(*W_hat_m);
-    if (M_hat_m.has_value()) p.M_hat_m = own(*M_hat_m);
+    p.W_hat_m = own(W_hat_m);
+    p.M_hat_m = own(M_hat_m);
     p.G = own(G);
+    p.G_bias = own(G_bias);
     return p;
   }
 
@@ -138,13 +154,14 @@ struct LayerOps {
   }
 
   // Gradients that were not asked for (grad_x when compute_grad_x is false, the separate weights'
-  // when tied) come back as the (0,)-shaped tensors of the schema.
+  // when tied, G_bias's without one) come back as the (0,)-shaped tensors of the schema.
   static Backward backward(const char* op, const LayerArgs& args, const Tensor& grad_y, const Tensor& x,
-                           const LayerParams& p, const Forward& saved) {
+                           const LayerParams& p, const Forward& saved, const PartGrads& parts = {}) {
     const LayerShape s = check_layer(op, args, x, p);
     Dev::check_input(op, "x", x);
     check_saved(op, args.kind, s, x, p.G, grad_y, saved.a, saved.m, saved.g, saved.lx);
-    Backward r = Dev::backward(args, s, grad_y, x, p, saved);
+    Backward r = Dev::backward(args, s, grad_y, x, p, saved, parts);
+    if (!r.grad_G_bias.defined()) r.grad_G_bias = empty_grad(x);
     if (!r.grad_x.defined()) r.grad_x = empty_grad(x);
     if (args.kind.nalu() && args.kind.tied) {
       r.grad_W_hat_m = empty_grad(x);

@@ -12,7 +12,7 @@
 // Forward ops also return what their backward needs beyond the inputs: lx = log(|x| + eps) (the
 // costliest step on a CPU; autograd's reference path keeps it too), and a, m, g for NALU. W is
 // rebuilt from W_hat and M_hat in backward: it is in x out, small next to the batch.
-// A gradient that was not asked for (compute_grad_x = false, tied weights) comes back as a tensor
+// A gradient that was not asked for (compute_grad_x = false, tied weights, no gate bias) comes back as a tensor
 // of shape (0,), so that every return is a plain Tensor.
 #include "common/registration.h"
 
@@ -37,16 +37,20 @@ constexpr const char* kSchemas[] = {
   "nac_mul_backward(Tensor grad_y, Tensor x, Tensor W_hat, Tensor M_hat, Tensor y, Tensor lx,"
       " float eps, bool compute_grad_x) -> (Tensor, Tensor, Tensor)",
 
-  // NALU: y = g a + (1 - g) m with a = x W, m = exp(log(|x| + eps) W_m) and g = sigmoid(x G)
-  // (input_gate) or sigmoid(G) (G of shape (O,) / (E, O)). W_m is W when W_hat_m and M_hat_m are
-  // None (the paper's tied weights). Returns (y, a, m, g, lx); g has the shape of y for an input
-  // gate and of G otherwise.
+  // NALU: y = g a + (1 - g) m with a = x W, m = exp(log(|x| + eps) W_m) and g = sigmoid(x G + G_bias)
+  // (input_gate; G_bias of shape (O,) / (E, O), optional: stable-nalu's nalu_bias) or sigmoid(G)
+  // (G of shape (O,) / (E, O)). W_m is W when W_hat_m and M_hat_m are None (the paper's tied
+  // weights). Returns (y, a, m, g, lx); g has the shape of y for an input gate and of G otherwise.
+  // Under autograd a, m and g are differentiable (nalu_parts: a loss on the gate or a path).
   "nalu_forward(Tensor x, Tensor W_hat, Tensor M_hat, Tensor? W_hat_m, Tensor? M_hat_m,"
-      " Tensor G, float eps, bool input_gate) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
-  // -> (grad_x, grad_W_hat, grad_M_hat, grad_W_hat_m, grad_M_hat_m, grad_G)
+      " Tensor G, float eps, bool input_gate, Tensor? G_bias=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+  // -> (grad_x, grad_W_hat, grad_M_hat, grad_W_hat_m, grad_M_hat_m, grad_G, grad_G_bias). grad_a,
+  // grad_m, grad_g: gradients that reach the forward's a, m, g directly (each of a's, m's, g's
+  // shape; None: none), added to those through y.
   "nalu_backward(Tensor grad_y, Tensor x, Tensor W_hat, Tensor M_hat, Tensor? W_hat_m,"
       " Tensor? M_hat_m, Tensor G, Tensor a, Tensor m, Tensor g, Tensor lx, float eps, bool input_gate,"
-      " bool compute_grad_x) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+      " bool compute_grad_x, Tensor? G_bias=None, Tensor? grad_a=None, Tensor? grad_m=None,"
+      " Tensor? grad_g=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
 };
 
 }  // namespace

@@ -33,6 +33,7 @@ BlasWeights blas_weights(const LayerKind& kind, const LayerShape& s, const Layer
     b.w.W = build(p.W_hat, p.M_hat);
     b.w.Wm = sep ? build(p.W_hat_m, p.M_hat_m) : b.w.W;
     if (kind.gate == Gate::kInput) b.w.G = p.G.contiguous().view({s.E, s.I, s.O});
+    if (p.G_bias.defined()) b.w.Gb = p.G_bias.view({s.E, s.O});
     if (kind.gate == Gate::kIndependent) {
       b.gind = at::empty(p.G.sizes(), opts);
       const at::Tensor gc = p.G.contiguous();  // owns the data gp points to
@@ -87,7 +88,7 @@ void blas_forward(const LayerArgs& args, const LayerShape& s, const at::Tensor& 
 template <typename T>
 void blas_backward(const LayerArgs& args, const LayerShape& s, const at::Tensor& x3, const BlasWeights& b,
                    const SavedPtrs<const T*>& sv, const at::Tensor& lx, const at::Tensor& dx, const at::Tensor& dW,
-                   const at::Tensor& dWm, const at::Tensor& dG) {
+                   const at::Tensor& dWm, const at::Tensor& dG, const at::Tensor& dGb) {
   const LayerKind& kind = args.kind;
   const T eps = static_cast<T>(args.eps);
   const int64_t O = s.O, NO = s.N * s.O, count = s.E * NO;
@@ -95,12 +96,19 @@ void blas_backward(const LayerArgs& args, const LayerShape& s, const at::Tensor&
   T* dp = d.data_ptr<T>();
   auto fill = [&](blas_path::OutputGrad which) {
     dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
-      parallel_simd(count, 16, [=](int64_t k) {
-        T dav = 0, duv = 0, dzv = 0;
-        output_grads<T, ADD, MUL>(sv.dy[k], ADD && MUL ? sv.a[k] : T(0), MUL ? sv.m[k] : T(0),
-                                  gate_at<T, GATE>(sv.g, k, NO, O), &dav, &duv, &dzv);
-        dp[k] = which == blas_path::OutputGrad::kDa ? dav : (which == blas_path::OutputGrad::kDu ? duv : dzv);
-      });
+      auto run = [&]<bool PARTS>() {  // PARTS: gradients reaching the kept parts (add_part_grads)
+        parallel_simd(count, 16, [=](int64_t k) {
+          T dav = 0, duv = 0, dzv = 0;
+          output_grads<T, ADD, MUL>(sv.dy[k], ADD && MUL ? sv.a[k] : T(0), MUL ? sv.m[k] : T(0),
+                                    gate_at<T, GATE>(sv.g, k, NO, O), &dav, &duv, &dzv);
+          if constexpr (PARTS) add_part_grads<T, GATE>(sv, k, &dav, &duv, &dzv);
+          dp[k] = which == blas_path::OutputGrad::kDa ? dav : (which == blas_path::OutputGrad::kDu ? duv : dzv);
+        });
+      };
+      if constexpr (ADD && MUL) {
+        if (sv.part_grads()) return run.template operator()<true>();
+      }
+      run.template operator()<false>();
     });
   };
   auto scale_dx = [&] {
@@ -109,7 +117,7 @@ void blas_backward(const LayerArgs& args, const LayerShape& s, const at::Tensor&
     T* dxp = dx.data_ptr<T>();
     parallel_simd(dx.numel(), 8, [=](int64_t k) { dxp[k] *= nm::log_abs_grad(xp[k], eps); });
   };
-  blas_path::backward(args, s, x3, lx, b.w, d, dx, dW, dWm, dG, fill, scale_dx);
+  blas_path::backward(args, s, x3, lx, b.w, d, dx, dW, dWm, dG, dGb, fill, scale_dx);
 }
 
 }  // namespace

@@ -110,7 +110,8 @@ void weight_backward_pass(const T* grad_w, const T* w_hat, const T* m_hat, T* gr
 // ---------------------------------------------------------------------------------------------
 
 // Raw pointers of one call, all contiguous. W, Wm, G are (E, O, I) on the rowwise path and
-// (E, I, O) on the blas path; gind is sigmoid(G), (E, O), for an independent gate.
+// (E, I, O) on the blas path; gind is sigmoid(G), (E, O), for an independent gate; Gb an input
+// gate's bias, (E, O) (null: none).
 template <typename T>
 struct Ptrs {
   const T* x = nullptr;
@@ -118,6 +119,7 @@ struct Ptrs {
   const T* Wm = nullptr;
   const T* G = nullptr;
   const T* gind = nullptr;
+  const T* Gb = nullptr;
 };
 
 // The NALU epilogue over output elements [k0, k1): m = exp(u) (u is in m), the gate, y = blend.
@@ -153,6 +155,16 @@ inline void output_grads(T dy, T a, T m, T g, T* da, T* du, T* dz) {
   }
 }
 
+// The gradients reaching the kept parts of NALU output element o (SavedPtrs::ga, gm, gg, any of
+// them null) added to its da, du and (input gate) dz. Called only when sv.part_grads().
+template <typename T, Gate GATE>
+inline void add_part_grads(const SavedPtrs<const T*>& sv, int64_t o, T* da, T* du, T* dz) {
+  T unused = 0;
+  constexpr bool kGateIn = GATE == Gate::kInput;
+  nm::parts_backward(sv.ga ? sv.ga[o] : T(0), sv.gm ? sv.gm[o] : T(0), kGateIn && sv.gg ? sv.gg[o] : T(0), sv.m[o],
+                     kGateIn ? sv.g[o] : T(0), da, du, kGateIn ? dz : &unused);
+}
+
 // The gate value of output element k = (e * N + n) * O + j.
 template <typename T, Gate GATE>
 inline T gate_at(const T* g, int64_t k, int64_t NO, int64_t O) {
@@ -169,16 +181,34 @@ struct GradPtrs {
   T* dW = nullptr;
   T* dWm = nullptr;  // separate weights only
   T* dG = nullptr;
+  T* dGb = nullptr;  // an input gate's bias only, (E, O)
 };
 
+// The layout of one partial weight-gradient sum of rowwise_backward and lanes_backward:
+// [dW (O, I) | dW_m (O, I) when separate | dG: (O, I) for an input gate, (O) for an independent
+// one | dG_bias (O) for a gate bias].
+struct PartialLayout {
+  int64_t gate_off = 0, bias_off = 0, size = 0;
+};
+
+template <Gate GATE>
+PartialLayout partial_layout(const LayerKind& kind, const LayerShape& s) {
+  const int64_t OI = s.O * s.I;
+  PartialLayout l;
+  l.gate_off = OI * (kind.sep() ? 2 : 1);
+  l.bias_off = l.gate_off + (GATE == Gate::kInput ? OI : (GATE == Gate::kIndependent ? s.O : 0));
+  l.size = l.bias_off + (GATE == Gate::kInput && kind.gate_bias ? s.O : 0);
+  return l;
+}
+
 // The weight gradients of rowwise_backward and lanes_backward: each member's per-chunk partial
-// sums (layout [dW (O, I) | dW_m (O, I) when separate | dG (O, I) or (O)]) added in chunk order,
-// transposing (O, I) back to (I, O).
+// sums (layout: PartialLayout) added in chunk order, transposing (O, I) back to (I, O).
 template <typename T, Gate GATE>
-void sum_partials(const LayerShape& s, bool sep, int64_t chunks, int64_t part_size, const std::vector<T>& partials,
-                  const GradPtrs<T>& out) {
+void sum_partials(const LayerShape& s, bool sep, int64_t chunks, const PartialLayout& layout,
+                  const std::vector<T>& partials, const GradPtrs<T>& out) {
   const int64_t I = s.I, O = s.O, OI = O * I;
-  const int64_t gate_off = OI * (sep ? 2 : 1);
+  const int64_t gate_off = layout.gate_off, part_size = layout.size;
+  const bool bias = layout.size > layout.bias_off;
   at::parallel_for(0, s.E, grain_for(chunks * part_size), [&](int64_t e0, int64_t e1) {
     for (int64_t e = e0; e < e1; ++e) {
       const T* base = partials.data() + e * chunks * part_size;
@@ -194,13 +224,15 @@ void sum_partials(const LayerShape& s, bool sep, int64_t chunks, int64_t part_si
       reduce_t(0, out.dW + e * OI);
       if (sep) reduce_t(OI, out.dWm + e * OI);
       if constexpr (GATE == Gate::kInput) reduce_t(gate_off, out.dG + e * OI);
-      if constexpr (GATE == Gate::kIndependent) {
+      auto reduce_o = [&](int64_t offset, T* dst) {  // (O) partials -> (O) sum
         for (int64_t j = 0; j < O; ++j) {
           T acc = 0;
-          for (int64_t c = 0; c < chunks; ++c) acc += base[c * part_size + gate_off + j];
-          out.dG[e * O + j] = acc;
+          for (int64_t c = 0; c < chunks; ++c) acc += base[c * part_size + offset + j];
+          dst[j] = acc;
         }
-      }
+      };
+      if constexpr (GATE == Gate::kIndependent) reduce_o(gate_off, out.dG + e * O);
+      if (bias) reduce_o(layout.bias_off, out.dGb + e * O);
     }
   });
 }

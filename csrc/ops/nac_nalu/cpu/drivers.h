@@ -53,6 +53,7 @@ RowwiseWeights<T> rowwise_weights(const LayerKind& kind, const LayerShape& s, co
     for (int64_t k = 0; k < s.E * s.O; ++k) g[k] = nm::sigmoid(gp[k]);
     r.ptrs.gind = g;
   }
+  if (p.G_bias.defined()) r.ptrs.Gb = p.G_bias.const_data_ptr<T>();  // contiguous, owned by p (ops.h)
   return r;
 }
 
@@ -122,7 +123,7 @@ Forward layer_forward(const LayerArgs& args, const LayerShape& s, const at::Tens
 }
 
 Backward layer_backward(const LayerArgs& args, const LayerShape& s, const at::Tensor& grad_y, const at::Tensor& x,
-                        const LayerParams& p, const Forward& saved) {
+                        const LayerParams& p, const Forward& saved, const PartGrads& parts) {
   const LayerKind& kind = args.kind;
   const bool nalu = kind.nalu();
   const bool sep = kind.sep();
@@ -136,6 +137,7 @@ Backward layer_backward(const LayerArgs& args, const LayerShape& s, const at::Te
   Backward r;
   if (args.compute_grad_x) r.grad_x = at::empty(x.sizes(), opts);
   if (kind.gate != Gate::kNone) r.grad_G = at::empty(p.G.sizes(), opts);
+  if (p.G_bias.defined()) r.grad_G_bias = at::empty(p.G_bias.sizes(), opts);
 
   dispatch_float(x.scalar_type(), [&]<typename T>() {
     SavedPtrs<const T*> sv;
@@ -144,6 +146,9 @@ Backward layer_backward(const LayerArgs& args, const LayerShape& s, const at::Te
     sv.m = cptr_or_null<T>(m);
     sv.g = cptr_or_null<T>(g);
     sv.lx = cptr_or_null<T>(lx);
+    sv.ga = cptr_or_null<T>(parts.a);  // contiguous (ops.h)
+    sv.gm = cptr_or_null<T>(parts.m);
+    sv.gg = cptr_or_null<T>(parts.g);
     // Gradients w.r.t. W (and W_m), (E, I, O), before the weight construction's backward.
     const int64_t n = s.E * s.I * s.O;
     std::vector<T> dW(static_cast<size_t>(n * (sep ? 2 : 1)));
@@ -152,7 +157,7 @@ Backward layer_backward(const LayerArgs& args, const LayerShape& s, const at::Te
       auto opts3 = at::TensorOptions().dtype(x.scalar_type());
       at::Tensor dW_t = at::from_blob(dW.data(), {s.E, s.I, s.O}, opts3);
       at::Tensor dWm_t = sep ? at::from_blob(dW.data() + n, {s.E, s.I, s.O}, opts3) : at::Tensor();
-      blas_backward<T>(args, s, xc.view({s.E, s.N, s.I}), b, sv, lx, r.grad_x, dW_t, dWm_t, r.grad_G);
+      blas_backward<T>(args, s, xc.view({s.E, s.N, s.I}), b, sv, lx, r.grad_x, dW_t, dWm_t, r.grad_G, r.grad_G_bias);
     } else {
       const RowwiseWeights<T> w = rowwise_weights<T>(kind, s, p, xc.const_data_ptr<T>(), args.compute_grad_x);
       GradPtrs<T> gp;
@@ -160,6 +165,7 @@ Backward layer_backward(const LayerArgs& args, const LayerShape& s, const at::Te
       gp.dW = dW.data();
       gp.dWm = sep ? dW.data() + n : nullptr;
       gp.dG = ptr_or_null<T>(r.grad_G);
+      gp.dGb = ptr_or_null<T>(r.grad_G_bias);
       dispatch_kind(kind, [&]<bool ADD, bool MUL, Gate GATE>() {
         if (lanes_shape(s)) {
           lanes_backward<T, ADD, MUL, GATE>(args, s, w.ptrs, sv, gp);

@@ -17,7 +17,8 @@ namespace cpu {
   Forward layer_forward(const LayerArgs& args, const LayerShape& s, const at::Tensor& x,          \
                         const LayerParams& p);                                                    \
   Backward layer_backward(const LayerArgs& args, const LayerShape& s, const at::Tensor& grad_y,   \
-                          const at::Tensor& x, const LayerParams& p, const Forward& saved);       \
+                          const at::Tensor& x, const LayerParams& p, const Forward& saved,        \
+                          const PartGrads& parts);                                                \
   at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat);                            \
   std::tuple<at::Tensor, at::Tensor> weight_backward(const at::Tensor& grad_W, const at::Tensor& W_hat, \
                                                      const at::Tensor& M_hat);                     \

@@ -105,12 +105,13 @@ void lanes_forward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& p,
           T* mcj = mc + j * kLanesRows;
           T* gcj = GATE == Gate::kInput ? gc + j * kLanesRows : nullptr;
           const T gind = GATE == Gate::kIndependent ? p.gind[e * O + j] : T(0);
+          const T gb = GATE == Gate::kInput && p.Gb != nullptr ? p.Gb[e * O + j] : T(0);  // gate bias
 #pragma omp simd
           for (int64_t r = 0; r < R; ++r) {
             const T mv = nm::exp_(acc_u[r]);
             T gv = gind;
             if constexpr (GATE == Gate::kInput) {
-              gv = nm::sigmoid(acc_z[r]);
+              gv = nm::sigmoid(acc_z[r] + gb);
               gcj[r] = gv;
             }
             acj[r] = acc_a[r];
@@ -144,8 +145,9 @@ void lanes_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& p
   const int64_t blocks = (N + kLanesRows - 1) / kLanesRows;
   constexpr bool kGateIn = GATE == Gate::kInput;
   constexpr bool kNalu = ADD && MUL;
-  const int64_t gate_off = OI * (sep ? 2 : 1);
-  const int64_t part_size = gate_off + (kGateIn ? OI : (GATE == Gate::kIndependent ? O : 0));
+  const PartialLayout layout = partial_layout<GATE>(args.kind, s);
+  const int64_t gate_off = layout.gate_off, part_size = layout.size;
+  const bool bias = kGateIn && args.kind.gate_bias, parts = kNalu && sv.part_grads();
   // One partial weight-gradient sum per block, added in block order by sum_partials.
   std::vector<T> partials(static_cast<size_t>(E * blocks * part_size));
   at::parallel_for(0, E * blocks, grain_for(kLanesRows * I * (O + 1) * 3), [&](int64_t t0, int64_t t1) {
@@ -185,6 +187,11 @@ void lanes_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& p
           if constexpr (MUL) du[c + r] = duv;
           if constexpr (GATE != Gate::kNone) dz[c + r] = dzv;
         }
+        if constexpr (kNalu) {
+          if (parts) {
+            for (int64_t r = 0; r < R; ++r) add_part_grads<T, GATE>(sv, (r0 + r) * O + j, da + c + r, du + c + r, dz + c + r);
+          }
+        }
       }
       // The block's weight gradients: sums over its rows.
       T* pW = part;
@@ -217,11 +224,11 @@ void lanes_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& p
           if (sep) pWm[j * I + i] = vm;
           if constexpr (kGateIn) pG[j * I + i] = vg;
         }
-        if constexpr (GATE == Gate::kIndependent) {
+        if (GATE == Gate::kIndependent || bias) {  // sum_n dz: G's (independent) or G_bias's gradient
           T v = 0;
 #pragma omp simd reduction(+ : v)
           for (int64_t r = 0; r < R; ++r) v += dzj[r];
-          pG[j] = v;
+          part[GATE == Gate::kIndependent ? gate_off + j : layout.bias_off + j] = v;
         }
       }
       if (!compute_grad_x) continue;
@@ -252,7 +259,7 @@ void lanes_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& p
       from_columns(dxt, out.dx + r0 * I, R, I);
     }
   });
-  sum_partials<T, GATE>(s, sep, blocks, part_size, partials, out);
+  sum_partials<T, GATE>(s, sep, blocks, layout, partials, out);
 }
 
 }  // namespace

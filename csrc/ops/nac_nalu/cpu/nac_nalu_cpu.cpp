@@ -21,8 +21,8 @@ struct Cpu {
     return NALU_CPU_CALL(layer_forward, args, s, x, p);
   }
   static Backward backward(const LayerArgs& args, const LayerShape& s, const at::Tensor& grad_y, const at::Tensor& x,
-                           const LayerParams& p, const Forward& saved) {
-    return NALU_CPU_CALL(layer_backward, args, s, grad_y, x, p, saved);
+                           const LayerParams& p, const Forward& saved, const PartGrads& parts) {
+    return NALU_CPU_CALL(layer_backward, args, s, grad_y, x, p, saved, parts);
   }
   static at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat) {
     return NALU_CPU_CALL(weight, W_hat, M_hat);

@@ -91,14 +91,14 @@ void rowwise_forward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& 
         }
       }
     };
-    // The products of row r, output j, go to the epilogue's inputs; exp, sigmoid and the blend
-    // follow, vectorised over the chunk.
-    auto store = [&](int64_t r, int64_t j, T acc_a, T acc_u, T acc_z) {
+    // The products of row r, output j, go to the epilogue's inputs (z with the gate's bias gb,
+    // member r's (O) or null); exp, sigmoid and the blend follow, vectorised over the chunk.
+    auto store = [&](int64_t r, int64_t j, T acc_a, T acc_u, T acc_z, const T* gb) {
       const int64_t o = r * O + j;
       if constexpr (ADD && MUL) {
         out.a[o] = acc_a;
         out.m[o] = acc_u;
-        if constexpr (GATE == Gate::kInput) out.g[o] = acc_z;
+        if constexpr (GATE == Gate::kInput) out.g[o] = gb != nullptr ? acc_z + gb[j] : acc_z;
       } else if constexpr (ADD) {
         out.y[o] = acc_a;
       } else {
@@ -110,6 +110,7 @@ void rowwise_forward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& 
       const T* w = p.W + e * O * I;
       const T* wm = p.Wm + e * O * I;
       const T* gt = GATE == Gate::kInput ? p.G + e * O * I : nullptr;
+      const T* gb = GATE == Gate::kInput && p.Gb != nullptr ? p.Gb + e * O : nullptr;
       const T* x0 = p.x + r * I;
       const T* l0 = MUL ? out.lx + r * I : nullptr;
       log_rows_until(std::min(r1, r + 4));
@@ -127,7 +128,7 @@ void rowwise_forward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& 
             const float* ls[4] = {l0, l1, l2, l3};
             alignas(16) float av[4] = {}, uv[4] = {}, zv[4] = {};
             quad_dots<ADD, MUL, GATE == Gate::kInput>(xs, ls, wj, wmj, gj, I, av, uv, zv);
-            for (int k = 0; k < 4; ++k) store(r + k, j, av[k], uv[k], zv[k]);
+            for (int k = 0; k < 4; ++k) store(r + k, j, av[k], uv[k], zv[k], gb);
             continue;
           }
 #endif
@@ -156,10 +157,10 @@ void rowwise_forward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& 
               z3 += x3[i] * gv;
             }
           }
-          store(r, j, a0, u0, z0);
-          store(r + 1, j, a1, u1, z1);
-          store(r + 2, j, a2, u2, z2);
-          store(r + 3, j, a3, u3, z3);
+          store(r, j, a0, u0, z0, gb);
+          store(r + 1, j, a1, u1, z1, gb);
+          store(r + 2, j, a2, u2, z2, gb);
+          store(r + 3, j, a3, u3, z3, gb);
         }
         r += 4;
         continue;
@@ -172,7 +173,7 @@ void rowwise_forward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>& 
           if constexpr (MUL) acc_u += l0[i] * wm[j * I + i];
           if constexpr (GATE == Gate::kInput) acc_z += x0[i] * gt[j * I + i];
         }
-        store(r, j, acc_a, acc_u, acc_z);
+        store(r, j, acc_a, acc_u, acc_z, gb);
       }
       ++r;
     }
@@ -213,8 +214,9 @@ void rowwise_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>&
   const int64_t chunk_rows = std::max<int64_t>(kMinChunkRows, (4 * kGrainWork + row_work - 1) / row_work);
   const int64_t chunks = std::max<int64_t>(1, (N + chunk_rows - 1) / chunk_rows);
   constexpr bool kGateIn = GATE == Gate::kInput;
-  const int64_t gate_off = OI * (sep ? 2 : 1);
-  const int64_t part_size = gate_off + (kGateIn ? OI : (GATE == Gate::kIndependent ? O : 0));
+  const PartialLayout layout = partial_layout<GATE>(args.kind, s);
+  const int64_t gate_off = layout.gate_off, part_size = layout.size;
+  const bool bias = kGateIn && args.kind.gate_bias, parts = ADD && MUL && sv.part_grads();
   std::vector<T> partials(static_cast<size_t>(E * chunks * part_size));
 
   at::parallel_for(0, E * chunks, grain_for(std::min(N, chunk_rows) * row_work), [&](int64_t t0, int64_t t1) {
@@ -232,6 +234,7 @@ void rowwise_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>&
       T* pW = part;
       T* pWm = sep ? part + OI : part;
       T* pG = part + gate_off;
+      T* pGb = part + layout.bias_off;
       const T* w = compute_grad_x ? p.W + e * OI : nullptr;
       const T* wm = compute_grad_x ? p.Wm + e * OI : nullptr;
       const T* gt = kGateIn && compute_grad_x ? p.G + e * OI : nullptr;
@@ -250,6 +253,11 @@ void rowwise_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>&
           if constexpr (ADD) dap[q] = dav;
           if constexpr (MUL) dup[q] = duv;
           if constexpr (GATE != Gate::kNone) dzp[q] = dzv;
+        }
+        if constexpr (ADD && MUL) {
+          if (parts) {
+            for (int64_t q = 0; q < count; ++q) add_part_grads<T, GATE>(sv, o0 + q, dap + q, dup + q, dzp + q);
+          }
         }
       }
       // Output gradient `vec` of the chunk's row n, output j.
@@ -298,6 +306,9 @@ void rowwise_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>&
           if constexpr (GATE == Gate::kIndependent) {
             for (int k = 0; k < R; ++k) pG[j] += cz[k];
           }
+          if (bias) {
+            for (int k = 0; k < R; ++k) pGb[j] += cz[k];
+          }
         }
       };
 
@@ -340,7 +351,7 @@ void rowwise_backward(const LayerArgs& args, const LayerShape& s, const Ptrs<T>&
     }
   });
 
-  sum_partials<T, GATE>(s, sep, chunks, part_size, partials, out);
+  sum_partials<T, GATE>(s, sep, chunks, layout, partials, out);
 }
 
 }  // namespace

@@ -98,6 +98,12 @@ __global__ void __launch_bounds__(kThreads)
       const A gv = GATE == kGateInput ? ld<A, T>(sv.g, k) : ld<A, T>(sv.g, (k / NO) * O + k % O);
       A dav, duv, dzv;
       nm::blend_backward(dyv, ld<A, T>(sv.a, k), ld<A, T>(sv.m, k), gv, &dav, &duv, &dzv);
+      if (sv.part_grads()) {
+        A unused = A(0);
+        nm::parts_backward(sv.ga != nullptr ? ld<A, T>(sv.ga, k) : A(0), sv.gm != nullptr ? ld<A, T>(sv.gm, k) : A(0),
+                           GATE == kGateInput && sv.gg != nullptr ? ld<A, T>(sv.gg, k) : A(0), ld<A, T>(sv.m, k), gv,
+                           &dav, &duv, GATE == kGateInput ? &dzv : &unused);
+      }
       if (da != nullptr) st<T>(da, k, dav);
       if (du != nullptr) st<T>(du, k, duv);
       if (dz != nullptr) st<T>(dz, k, dzv);

@@ -33,6 +33,7 @@ struct LayerPtrs {
   const void* W_hat_m = nullptr;  // separate weights only
   const void* M_hat_m = nullptr;
   const void* G = nullptr;  // (E, I, O) input gate or (E, O) independent gate
+  const void* G_bias = nullptr;  // an input gate's bias, (E, O)
 };
 
 // Backward results (null: not asked for).
@@ -43,6 +44,7 @@ struct GradOut {
   void* dW_hat_m = nullptr;
   void* dM_hat_m = nullptr;
   void* dG = nullptr;
+  void* dG_bias = nullptr;  // an input gate's bias only
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -110,6 +112,7 @@ void forward_epilogue(DType dt, const LayerArgs& args, const Dims& d, const Laye
 // One launch: rebuilds W (and W_m) as in forward_prologue (w.n_w entries; n_lx, n_g unused), and
 // computes the gradients at the pre-activations over E N O entries:
 //   da = g dy;  du = (1 - g) dy m;  dz = (a - m) dy g (1 - g)   (NAC+: da = dy; NAC*: du = dy y)
+// plus, for a NALU, the gradients reaching its kept parts (saved.ga, gm, gg: math::parts_backward).
 // Each of da, du, dz may be null (not written): the host computes them one at a time into one
 // buffer, so that a backward holds a single (E, N, O) scratch tensor.
 void backward_prologue(DType dt, const LayerArgs& args, const Dims& d, const PrologueArgs& w,

@@ -44,7 +44,7 @@ using at::Tensor;
 
 LayerPtrs layer_ptrs(const Tensor& x, const LayerParams& p) {
   return {.x = cptr(x), .W_hat = cptr(p.W_hat), .M_hat = cptr(p.M_hat), .W_hat_m = cptr(p.W_hat_m),
-          .M_hat_m = cptr(p.M_hat_m), .G = cptr(p.G)};
+          .M_hat_m = cptr(p.M_hat_m), .G = cptr(p.G), .G_bias = cptr(p.G_bias)};
 }
 
 // The CUDA device of the ops' entry points (csrc/ops/nac_nalu/ops.h): parameters arrive contiguous.
@@ -97,7 +97,7 @@ struct Cuda {
   }
 
   static Backward backward(const LayerArgs& args, const LayerShape& s, const Tensor& grad_y, const Tensor& x_in,
-                           const LayerParams& p, const Forward& saved) {
+                           const LayerParams& p, const Forward& saved, const PartGrads& parts) {
     const LayerKind& kind = args.kind;
     const c10::cuda::CUDAGuard guard(x_in.device());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -119,14 +119,18 @@ struct Cuda {
       r.grad_M_hat_m = at::empty(p.W_hat.sizes(), opts);
     }
     if (kind.gate != Gate::kNone) r.grad_G = at::empty(p.G.sizes(), opts);
+    if (p.G_bias.defined()) r.grad_G_bias = at::empty(p.G_bias.sizes(), opts);
     if (args.compute_grad_x) r.grad_x = at::empty(x.sizes(), opts);
 
-    const SavedPtrs<const void*> sv{.dy = cptr(dy), .a = cptr(a), .m = cptr(m), .g = cptr(g), .lx = cptr(lx)};
+    // the parts' gradients arrive contiguous (ops.h)
+    const SavedPtrs<const void*> sv{.dy = cptr(dy), .a = cptr(a), .m = cptr(m), .g = cptr(g), .lx = cptr(lx),
+                                    .ga = cptr(parts.a), .gm = cptr(parts.m), .gg = cptr(parts.g)};
 
     const RowwisePlan plan = plan_rowwise_backward(dt, kind, s);
     if (plan.ok) {
       const GradOut out{.dx = ptr(r.grad_x), .dW_hat = ptr(r.grad_W_hat), .dM_hat = ptr(r.grad_M_hat),
-                        .dW_hat_m = ptr(r.grad_W_hat_m), .dM_hat_m = ptr(r.grad_M_hat_m), .dG = ptr(r.grad_G)};
+                        .dW_hat_m = ptr(r.grad_W_hat_m), .dM_hat_m = ptr(r.grad_M_hat_m), .dG = ptr(r.grad_G),
+                        .dG_bias = ptr(r.grad_G_bias)};
       Tensor workspace;
       if (plan.workspace_bytes > 0) {
         workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, opts.dtype(at::kByte));
@@ -162,7 +166,7 @@ struct Cuda {
       ep.x = cptr(x);
     }
     ep.args = args;
-    blas_path::backward(args, s, x.view({s.E, s.N, s.I}), lx, w, buf, r.grad_x, dW, dWm, r.grad_G, fill,
+    blas_path::backward(args, s, x.view({s.E, s.N, s.I}), lx, w, buf, r.grad_x, dW, dWm, r.grad_G, r.grad_G_bias, fill,
                         [&] { backward_epilogue(dt, ep, stream); });
     return r;
   }
@@ -186,13 +190,14 @@ struct Cuda {
 
  private:
   // The blas path's weight buffers, (E, I, O): W, W_m (W itself when tied) for the prologue to
-  // fill, and an input gate's G as given.
+  // fill, and an input gate's G and bias as given.
   static blas_path::Weights weight_buffers(const LayerKind& kind, const LayerShape& s, const LayerParams& p,
                                            const at::TensorOptions& opts) {
     blas_path::Weights w;
     w.W = at::empty({s.E, s.I, s.O}, opts);
     w.Wm = kind.sep() ? at::empty({s.E, s.I, s.O}, opts) : w.W;
     if (kind.gate == Gate::kInput) w.G = p.G.view({s.E, s.I, s.O});
+    if (p.G_bias.defined()) w.Gb = p.G_bias.view({s.E, s.O});
     return w;
   }
 };

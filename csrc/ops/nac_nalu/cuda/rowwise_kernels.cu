@@ -69,10 +69,11 @@ int64_t weight_mats(const LayerKind& k) {
 }
 
 // Entries of one member's weight-gradient accumulator: dW (O, I), dW_m (O, I) when separate,
-// then dG: (O, I) for an input gate, O for an independent gate.
+// then dG: (O, I) for an input gate, O for an independent gate, then dG_bias (O) for a gate bias.
 int64_t slice_elems(const LayerKind& k, const Dims& d) {
   const int64_t OI = d.O * d.I;
-  return OI * (k.sep() ? 2 : 1) + (k.gate == Gate::kInput ? OI : (k.gate == Gate::kIndependent ? d.O : 0));
+  return OI * (k.sep() ? 2 : 1) + (k.gate == Gate::kInput ? OI : (k.gate == Gate::kIndependent ? d.O : 0)) +
+         (k.gate == Gate::kInput && k.gate_bias ? d.O : 0);
 }
 
 int lanes_for(int64_t I) {
@@ -182,7 +183,12 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t o = row * O + j;
         if (ADD && MUL) {
           const A mv = nm::exp_(acc_u[j]);
-          const A gv = GATE == kGateInput ? nm::sigmoid(acc_z[j]) : s_gind[j];
+          A gv;
+          if (GATE == kGateInput) {  // z = x G (+ G_bias)
+            gv = nm::sigmoid(p.G_bias != nullptr ? acc_z[j] + ld<A, T>(p.G_bias, e * O + j) : acc_z[j]);
+          } else {
+            gv = s_gind[j];
+          }
           st<T>(out.y, o, nm::blend(acc_a[j], mv, gv));
           st<T>(out.a, o, acc_a[j]);
           st_m<T>(out.m, o, mv);
@@ -198,7 +204,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Entry k of a member's (summed) weight-gradient slice -> the op's gradient outputs.
-// dW, dW_m go through the weight construction's backward; dG is stored as it is.
+// dW, dW_m go through the weight construction's backward; dG and dG_bias are stored as they are.
 template <typename T>
 __device__ __forceinline__ void finish_entry(const LayerPtrs& p, const GradOut& out, int64_t e, int64_t k,
                                              acc_t<T> sum, int I, int O, bool sep, int gate) {
@@ -220,6 +226,8 @@ __device__ __forceinline__ void finish_entry(const LayerPtrs& p, const GradOut& 
       st<T>(out.dW_hat_m, w, gw);
       st<T>(out.dM_hat_m, w, gm);
     }
+  } else if (gate == kGateInput && k >= gate_off + OI) {
+    st<T>(out.dG_bias, e * O + (k - gate_off - OI), sum);
   } else if (gate == kGateInput) {
     const int64_t t = k - gate_off;
     const int64_t j = t / I, i = t % I;
@@ -237,6 +245,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr bool ADD = K::add, MUL = K::mul;
   constexpr int GATE = K::gate;
   const bool sep = args.kind.sep(), grad_x = args.compute_grad_x;
+  const bool bias = GATE == kGateInput && args.kind.gate_bias, parts = ADD && MUL && sv.part_grads();
   const A eps = static_cast<A>(args.eps);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int I = s.I, O = s.O, OI = I * O;
@@ -259,6 +268,7 @@ __global__ void __launch_bounds__(kThreads)
   A* accW = acc;
   A* accWm = sep ? acc + OI : acc;
   A* accG = acc + gate_off;
+  A* accGb = accG + OI;  // the gate bias's (input gate)
   const int64_t n_end = (c + 1) * s.rows < s.N ? (c + 1) * s.rows : s.N;
   for (int64_t n = c * s.rows + threadIdx.y; n < n_end; n += blockDim.y) {
     const int64_t row = e * s.N + n;
@@ -272,6 +282,12 @@ __global__ void __launch_bounds__(kThreads)
         if (ADD && MUL) {
           const A gv = GATE == kGateInput ? ld<A, T>(sv.g, o) : ld<A, T>(sv.g, e * O + j);
           nm::blend_backward(dyv, ld<A, T>(sv.a, o), ld<A, T>(sv.m, o), gv, &da[j], &du[j], &dz[j]);
+          if (parts) {
+            A unused = A(0);
+            nm::parts_backward(sv.ga != nullptr ? ld<A, T>(sv.ga, o) : A(0), sv.gm != nullptr ? ld<A, T>(sv.gm, o) : A(0),
+                               GATE == kGateInput && sv.gg != nullptr ? ld<A, T>(sv.gg, o) : A(0), ld<A, T>(sv.m, o), gv,
+                               &da[j], &du[j], GATE == kGateInput ? &dz[j] : &unused);
+          }
         } else if (ADD) {
           da[j] = dyv;
         } else {
@@ -313,10 +329,11 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    if (GATE == kGateIndep && lane == 0) {
+    if ((GATE == kGateIndep || bias) && lane == 0) {
+      A* acc_sum = GATE == kGateIndep ? accG : accGb;  // sum_n dz: G's (independent) or G_bias's
 #pragma unroll
       for (int j = 0; j < MAXO; ++j) {
-        if (j < O) accG[j] += dz[j];
+        if (j < O) acc_sum[j] += dz[j];
       }
     }
   }
