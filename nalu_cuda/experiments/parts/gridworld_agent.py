@@ -29,10 +29,7 @@ class SteppedLSTM(EnsembleLSTM):
 
     def step(self, x: Tensor, state: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
         """``x (E, B, in)``, ``state = (h, c)`` each ``(E, B, H)``; PyTorch's LSTM equations."""
-        h, c = state
-        i, f, g, o = (self.x2h(x) + self.h2h(h)).chunk(4, dim=-1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
+        h, c = self.cell_step(self.x2h(x), state)
         return h, (h, c)
 
 

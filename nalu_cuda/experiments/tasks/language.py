@@ -78,14 +78,25 @@ class NumberReader(nn.Module):
         else:
             self.head.reset_parameters(gens)
 
+    def states(self, tokens: Tensor, mask: Tensor, last: bool = False) -> Tensor:
+        """The LSTM state after every token ``(E, N, T, H)``, frozen after the last token (``last``:
+        only the state after the last token, ``(E, N, H)``), for ``tokens``, ``mask``: ``(N, T)``
+        shared by all members, the valid tokens a prefix of every row (right padding). The input
+        projection of an embedded token is computed once per vocabulary word
+        (:meth:`EnsembleLSTM.forward_tokens`). The LSTM runs unmasked and the states after a row's
+        last token are read from that step: the values of a masked run, without a select per step."""
+        h = self.lstm.forward_tokens(self.embedding.weight, tokens)
+        final = (mask.sum(1) - 1).clamp_min(0)  # (N,): the step of each row's last token
+        if last:
+            return h[:, torch.arange(h.shape[1], device=h.device), final]
+        at = torch.minimum(torch.arange(h.shape[2], device=h.device), final.unsqueeze(1))  # (N, T)
+        return h.gather(2, at.reshape(1, *at.shape, 1).expand(h.shape))
+
     def forward(self, tokens: Tensor, mask: Tensor) -> Tensor:
         """``tokens``, ``mask``: ``(N, T)`` shared by all members -> running estimates ``(E, N, T)``."""
-        E = self.embedding.weight.shape[0]
-        tok = tokens.unsqueeze(0).expand(E, *tokens.shape)
-        m = mask.unsqueeze(0).expand(E, *mask.shape)
-        h = self.lstm(self.embedding(tok), m)  # (E, N, T, H); frozen after the last token
+        h = self.states(tokens, mask)
         if self.head_kind == "linear-sum":
-            h = torch.cumsum(h * m.unsqueeze(-1).to(h.dtype), dim=2)
+            h = torch.cumsum(h * mask.unsqueeze(-1).to(h.dtype), dim=2)
         return self.head(h).squeeze(-1)
 
     @torch.no_grad()
@@ -95,16 +106,20 @@ class NumberReader(nn.Module):
         if self.head_kind != "nalu":
             return None
         E = self.embedding.weight.shape[0]
-        tok = tokens.unsqueeze(0).expand(E, *tokens.shape)
-        m = mask.unsqueeze(0).expand(E, *mask.shape)
-        h = self.lstm(self.embedding(tok), m)[:, :, -1]  # (E, N, H)
+        h = self.states(tokens, mask, last=True)  # (E, N, H)
         G = self.head.G
         g = torch.sigmoid(torch.bmm(h, G)) if self.head.gate == "input" else torch.sigmoid(G).unsqueeze(1)
         return g.reshape(E, -1).mean(1)
 
     def predict(self, tokens: Tensor, mask: Tensor) -> Tensor:
-        """The estimate after the last token, ``(E, N)``."""
-        return self.forward(tokens, mask)[:, :, -1]
+        """The estimate after the last token, ``(E, N)``: the head on the last state only (the
+        summed-state head: on the sum of the states over the valid tokens)."""
+        if self.head_kind == "linear-sum":
+            h = self.lstm.forward_tokens(self.embedding.weight, tokens)  # unmasked: the masked sum below
+            last = (h * mask.unsqueeze(-1).to(h.dtype)).sum(2)
+        else:
+            last = self.states(tokens, mask, last=True)
+        return self.head(last).squeeze(-1)
 
 
 def _mae(pred: Tensor, target: Tensor) -> Tensor:
