@@ -18,9 +18,10 @@ from torch import Tensor, nn
 
 import nalu_cuda
 
-from .layers import GatedCell, Generators, ensemble_gather
+from .layers import GatedCell, Generators
 
-__all__ = ["EnsembleLSTM", "EnsembleGRU", "EnsembleUGRNN", "RecurrentArithmetic", "make_recurrent", "RECURRENT_KINDS"]
+__all__ = ["EnsembleLSTM", "EnsembleGRU", "EnsembleUGRNN", "RecurrentArithmetic", "make_recurrent", "RECURRENT_KINDS",
+           "final_states", "frozen_states", "last_valid_step"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -43,18 +44,40 @@ class _Recurrent(nn.Module):
     def _mask_step(m: Optional[Tensor], new: Tensor, old: Tensor) -> Tensor:
         return new if m is None else torch.where(m, new, old)
 
-    def _scan(self, xp: Tensor, mask: Optional[Tensor], step, n_states: int = 1) -> Tensor:
-        """Run ``step(xt, states) -> new states`` over the steps of ``xp`` ``(E, B, T, G)`` (``xt``:
-        the input projection of step t); the states start at zero and a masked-out step keeps them.
-        Returns the first state after every step ``(E, B, T, H)``."""
-        E, B, T, _ = xp.shape
-        states = tuple(xp.new_zeros(E, B, self.hidden_size) for _ in range(n_states))
+    def _scan(self, xs: Tensor, mask: Optional[Tensor], step, n_states: int = 1) -> Tensor:
+        """Run ``step(xt, states) -> new states`` over the steps of ``xs`` ``(T, E, B, G)`` (time
+        first, so that ``xt``, the input projection of step t, is contiguous); the states start at
+        zero and a masked-out step keeps them. Returns the first state after every step ``(E, B, T, H)``."""
+        T, E, B, _ = xs.shape
+        states = tuple(xs.new_zeros(E, B, self.hidden_size) for _ in range(n_states))
         outs = []
-        steps = xp.movedim(2, 0).contiguous().unbind(0)  # each step's input contiguous, in one copy
-        for xt, mt in zip(steps, self._mask_steps(mask, T)):
+        for xt, mt in zip(xs.unbind(0), self._mask_steps(mask, T)):
             states = tuple(self._mask_step(mt, new, old) for new, old in zip(step(xt, states), states))
             outs.append(states[0])
         return torch.stack(outs, dim=2)
+
+
+def last_valid_step(mask: Tensor) -> Tensor:
+    """The index of each row's last valid step of a prefix mask ``(..., T)`` (valid steps first, then
+    padding; 0 for a row with none)."""
+    return (mask.sum(-1) - 1).clamp_min(0)
+
+
+def final_states(h: Tensor, mask: Tensor) -> Tensor:
+    """The state after each row's last valid step, ``(E, B, H)``, of an unmasked run's states
+    ``h (E, B, T, H)`` and a prefix mask ``(E or 1, B, T)`` or ``(B, T)``: what a run masked with it
+    ends in (a masked step keeps the state), without a select per step."""
+    E, B, T, H = h.shape
+    at = last_valid_step(mask).expand(E, B)
+    return h.gather(2, at.reshape(E, B, 1, 1).expand(E, B, 1, H)).squeeze(2)
+
+
+def frozen_states(h: Tensor, mask: Tensor) -> Tensor:
+    """The states ``(E, B, T, H)`` of a run masked with a prefix mask ``(E or 1, B, T)`` or ``(B, T)``
+    (each row's state kept after its last valid step), from an unmasked run's ``h``."""
+    E, B, T, H = h.shape
+    at = torch.minimum(torch.arange(T, device=h.device), last_valid_step(mask).unsqueeze(-1)).expand(E, B, T)
+    return h.gather(2, at.unsqueeze(-1).expand(E, B, T, H))
 
 
 class _GatedRecurrent(GatedCell, _Recurrent):
@@ -79,36 +102,129 @@ class _GatedRecurrent(GatedCell, _Recurrent):
 
     def forward_projected(self, xp: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """:meth:`forward` on inputs already projected by ``x2h``: ``xp (E, B, T, GATES * H)``."""
-        return self._scan(xp, mask, self.cell_step, self.N_STATES)
+        return self._run(xp.movedim(2, 0).contiguous(), mask)
 
     def forward_tokens(self, table: Tensor, tokens: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         """:meth:`forward` of the embedded tokens ``table[e, tokens[e]]`` (``table (E, V, in)``;
         ``tokens (E, B, T)``, or ``(B, T)`` shared by every member): ``x2h`` of the ``V`` rows of the
-        table, then gathered per token, the same function as projecting every token (a token's
-        projection is its row's; the gradients reach the table through the gather) with ``V``
-        products instead of ``B * T``."""
+        table, then gathered per token (time first, as the scan reads them), the same function as
+        projecting every token (a token's projection is its row's; the gradients reach the table
+        through the gather) with ``V`` products instead of ``B * T``."""
         rows = self.x2h(table)
-        if tokens.dim() == 2:  # shared by every member: one index along the rows
-            xp = rows.index_select(1, tokens.reshape(-1)).reshape(rows.shape[0], *tokens.shape, rows.shape[-1])
-        else:
-            xp = ensemble_gather(rows, tokens)
-        return self.forward_projected(xp, mask)
+        E, V, G = rows.shape
+        tok = tokens.expand(E, *tokens.shape[-2:])
+        flat = (tok + torch.arange(E, device=tok.device).view(E, 1, 1) * V).permute(2, 0, 1)  # (T, E, B)
+        xs = rows.reshape(E * V, G).index_select(0, flat.reshape(-1)).view(*flat.shape, G)
+        return self._run(xs, mask)
+
+    def _run(self, xs: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """The states after every step ``(E, B, T, H)`` of the projected inputs ``xs (T, E, B, G)``."""
+        return self._scan(xs, mask, self.cell_step, self.N_STATES)
+
+
+def _lstm_gates(z: Tensor, c: Tensor) -> Tuple[Tensor, Tensor, Tuple[Tensor, ...]]:
+    """PyTorch's LSTM equations from the gates' pre-activations ``z (..., 4H)`` (i, f, g, o) and the
+    cell state ``c``: ``h_new``, ``c_new`` and what :func:`_lstm_gates_grad` needs, ``(s, d, dtc, tc, c)``:
+    ``s`` the sigmoid of the whole block, taken in one pass (the cell gate's block is then replaced
+    by ``g = tanh``; on CPU an op over a column block of ``z`` is several times slower than over a
+    contiguous tensor), ``d`` the gates' derivatives (``s (1 - s)``, the cell gate's ``1 - g^2``),
+    ``tc = tanh(c_new)``, ``dtc = 1 - tc^2``."""
+    H = c.shape[-1]
+    s = torch.sigmoid(z)
+    g = s[..., 2 * H:3 * H]
+    g.copy_(torch.tanh(z[..., 2 * H:3 * H].contiguous()))
+    i, f, o = s[..., :H], s[..., H:2 * H], s[..., 3 * H:]
+    c_new = torch.addcmul(f * c, i, g)
+    tc = torch.tanh(c_new)
+    d = torch.addcmul(s, s, s, value=-1.0)
+    one = torch.ones((), dtype=s.dtype, device=s.device)
+    d[..., 2 * H:3 * H] = torch.addcmul(one, g, g, value=-1.0)
+    return o * tc, c_new, (s, d, torch.addcmul(one, tc, tc, value=-1.0), tc, c)
+
+
+def _lstm_gates_grad(saved: Tuple[Tensor, ...], dh: Tensor, dc_new: Tensor, dz: Tensor) -> Tensor:
+    """The backward of :func:`_lstm_gates` (``saved``: what it returned for it): writes the gradient
+    of ``z`` into ``dz`` (one buffer, no concatenation of its four blocks) and returns that of ``c``."""
+    s, d, dtc, tc, c = saved
+    H = c.shape[-1]
+    i, f, g, o = s[..., :H], s[..., H:2 * H], s[..., 2 * H:3 * H], s[..., 3 * H:]
+    dc = torch.addcmul(dc_new, dh * o, dtc)
+    for k, (a, b) in enumerate(((dc, g), (dc, c), (dc, i), (dh, tc))):
+        torch.mul(a * b, d[..., k * H:(k + 1) * H], out=dz[..., k * H:(k + 1) * H])
+    return dc * f
+
+
+class _LSTMGates(torch.autograd.Function):
+    """One LSTM step from the gates' pre-activations: ``(z, c) -> (h, c_new)``, the backward written
+    out (a few elementwise ops instead of autograd's graph of a dozen small ones)."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, c: Tensor):
+        h, c_new, saved = _lstm_gates(z, c)
+        ctx.save_for_backward(*saved)
+        return h, c_new
+
+    @staticmethod
+    def backward(ctx, dh: Tensor, dc_new: Tensor):
+        saved = ctx.saved_tensors
+        dz = torch.empty_like(saved[0])
+        return dz, _lstm_gates_grad(saved, dh, dc_new, dz)
+
+
+class _LSTMSequence(torch.autograd.Function):
+    """An unmasked ensemble LSTM over a whole sequence: ``xs (T, E, B, 4H)`` (the projected inputs,
+    time first) and the state weights ``W (E, H, 4H)`` -> the state after every step ``(T, E, B, H)``,
+    from zero states. The backward runs the steps in reverse by hand: each step's input gradient is
+    written into one ``(T, E, B, 4H)`` buffer and ``W``'s gradient accumulated in place, instead of
+    autograd's graph of every step (and the concatenation of the steps' gradients)."""
+
+    @staticmethod
+    def forward(ctx, xs: Tensor, W: Tensor):
+        T, E, B, _ = xs.shape
+        H = W.shape[1]
+        hs = xs.new_empty(T, E, B, H)
+        h, c = xs.new_zeros(E, B, H), xs.new_zeros(E, B, H)
+        saved = []
+        for t in range(T):
+            h_new, c_new, step_saved = _lstm_gates(torch.baddbmm(xs[t], h, W), c)
+            saved.append(step_saved)
+            hs[t] = h_new
+            h, c = hs[t], c_new
+        ctx.saved = saved
+        ctx.save_for_backward(W, hs)
+        return hs
+
+    @staticmethod
+    def backward(ctx, dhs: Tensor):
+        W, hs = ctx.saved_tensors
+        T, E, B, H = hs.shape
+        dxs = dhs.new_empty(T, E, B, 4 * H)
+        dW = torch.zeros_like(W)
+        dh, dc = dhs.new_zeros(E, B, H), dhs.new_zeros(E, B, H)
+        Wt = W.transpose(1, 2)
+        for t in range(T - 1, -1, -1):
+            dz = dxs[t]
+            dc = _lstm_gates_grad(ctx.saved[t], dhs[t] + dh, dc, dz)
+            if t > 0:
+                dW.baddbmm_(hs[t - 1].transpose(1, 2), dz)
+            dh = torch.bmm(dz, Wt)
+        return dxs, dW
 
 
 class EnsembleLSTM(_GatedRecurrent):
-    """LSTM (PyTorch's gate equations) per member."""
+    """LSTM (PyTorch's gate equations) per member. Unmasked ensemble runs take the whole sequence in
+    one step of autograd (:class:`_LSTMSequence`); masked ones step by step."""
 
     GATES, H2H_BIAS, N_STATES = 4, False, 2
 
     def cell_step(self, xt: Tensor, states: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
         h, c = states
-        z = self._gates(xt, h)
-        # the sigmoid of every gate in one pass over the contiguous block (the cell gate's is not used):
-        # on CPU an op over a column block of z is several times slower than over a contiguous tensor
-        i, f, _, o = torch.sigmoid(z).chunk(4, dim=-1)
-        H = self.hidden_size
-        c_new = f * c + i * torch.tanh(z[..., 2 * H:3 * H].contiguous())
-        return o * torch.tanh(c_new), c_new
+        return _LSTMGates.apply(self._gates(xt, h), c)
+
+    def _run(self, xs: Tensor, mask: Optional[Tensor]) -> Tensor:
+        if mask is None and self.h2h.weight.dim() == 3 and xs.dim() == 4:
+            return _LSTMSequence.apply(xs, self.h2h.weight).movedim(0, 2)
+        return super()._run(xs, mask)
 
 
 class EnsembleGRU(_GatedRecurrent):

@@ -40,7 +40,7 @@ from ..parts.number_words import SPLIT_SIZES, VOCAB, make_split, number_to_words
 from ..parts.number_words import MAX_TOKENS, ONES, TENS  # noqa: F401  (the task's names for its data)
 from ..parts.optim import FlatAdam
 from ..parts.seeding import member_generators
-from ..parts.sequence_models import EnsembleLSTM
+from ..parts.sequence_models import EnsembleLSTM, final_states, frozen_states
 from ..parts.training import train_ensemble
 from ..plugin import (add_backend_argument, add_subset_argument, profile_entry, register_task, run_options,
                       run_setting, subset_option)
@@ -86,11 +86,7 @@ class NumberReader(nn.Module):
         (:meth:`EnsembleLSTM.forward_tokens`). The LSTM runs unmasked and the states after a row's
         last token are read from that step: the values of a masked run, without a select per step."""
         h = self.lstm.forward_tokens(self.embedding.weight, tokens)
-        final = (mask.sum(1) - 1).clamp_min(0)  # (N,): the step of each row's last token
-        if last:
-            return h[:, torch.arange(h.shape[1], device=h.device), final]
-        at = torch.minimum(torch.arange(h.shape[2], device=h.device), final.unsqueeze(1))  # (N, T)
-        return h.gather(2, at.reshape(1, *at.shape, 1).expand(h.shape))
+        return final_states(h, mask) if last else frozen_states(h, mask)
 
     def forward(self, tokens: Tensor, mask: Tensor) -> Tensor:
         """``tokens``, ``mask``: ``(N, T)`` shared by all members -> running estimates ``(E, N, T)``."""

@@ -43,7 +43,7 @@ from ..params import task_params
 from ..resources import ADAM, FLOAT, Need
 from ..parts.layers import EnsembleEmbedding, EnsembleLinear, ensemble_gather
 from ..parts.seeding import member_generators
-from ..parts.sequence_models import make_recurrent
+from ..parts.sequence_models import final_states, make_recurrent
 from ..parts.training import generator_state, train_ensemble
 from ..plugin import (add_backend_argument, add_task_model_arguments, profile_entry, register_task, run_options,
                       run_setting, task_model_configs, task_model_options)
@@ -125,8 +125,11 @@ class ProgramReader(nn.Module):
         self.head.reset_parameters(member_generators(seeds, "programs/head"))
 
     def forward(self, tokens: Tensor, mask: Tensor) -> Tensor:
-        """``tokens``, ``mask``: ``(E, B, T)`` -> predictions ``(E, B)``."""
-        h = self.rec(self.embedding(tokens), mask)[:, :, -1]  # masked steps keep the state: last = final
+        """``tokens``, ``mask``: ``(E, B, T)`` (the valid characters a prefix of every row) ->
+        predictions ``(E, B)``. The recurrent layer projects the embedding table once per character
+        (``forward_tokens``) and runs unmasked; the head reads each row's state after its last
+        character, which is the final state of the masked run."""
+        h = final_states(self.rec.forward_tokens(self.embedding.weight, tokens), mask)
         return self.head(h).squeeze(-1) * self.out_scale
 
 
