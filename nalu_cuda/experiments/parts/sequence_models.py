@@ -15,6 +15,7 @@ from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 import nalu_cuda
 
@@ -122,13 +123,13 @@ class _GatedRecurrent(GatedCell, _Recurrent):
         return self._scan(xs, mask, self.cell_step, self.N_STATES)
 
 
-def _lstm_gates(z: Tensor, c: Tensor) -> Tuple[Tensor, Tensor, Tuple[Tensor, ...]]:
+def _lstm_gates(z: Tensor, c: Tensor, grad: bool = True) -> Tuple[Tensor, Tensor, Tuple[Tensor, ...]]:
     """PyTorch's LSTM equations from the gates' pre-activations ``z (..., 4H)`` (i, f, g, o) and the
     cell state ``c``: ``h_new``, ``c_new`` and what :func:`_lstm_gates_grad` needs, ``(s, d, dtc, tc, c)``:
     ``s`` the sigmoid of the whole block, taken in one pass (the cell gate's block is then replaced
     by ``g = tanh``; on CPU an op over a column block of ``z`` is several times slower than over a
     contiguous tensor), ``d`` the gates' derivatives (``s (1 - s)``, the cell gate's ``1 - g^2``),
-    ``tc = tanh(c_new)``, ``dtc = 1 - tc^2``."""
+    ``tc = tanh(c_new)``, ``dtc = 1 - tc^2`` (not formed without ``grad``: an empty tuple)."""
     H = c.shape[-1]
     s = torch.sigmoid(z)
     g = s[..., 2 * H:3 * H]
@@ -136,6 +137,8 @@ def _lstm_gates(z: Tensor, c: Tensor) -> Tuple[Tensor, Tensor, Tuple[Tensor, ...
     i, f, o = s[..., :H], s[..., H:2 * H], s[..., 3 * H:]
     c_new = torch.addcmul(f * c, i, g)
     tc = torch.tanh(c_new)
+    if not grad:
+        return o * tc, c_new, ()
     d = torch.addcmul(s, s, s, value=-1.0)
     one = torch.ones((), dtype=s.dtype, device=s.device)
     d[..., 2 * H:3 * H] = torch.addcmul(one, g, g, value=-1.0)
@@ -165,6 +168,7 @@ class _LSTMGates(torch.autograd.Function):
         return h, c_new
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dh: Tensor, dc_new: Tensor):
         saved = ctx.saved_tensors
         dz = torch.empty_like(saved[0])
@@ -174,19 +178,19 @@ class _LSTMGates(torch.autograd.Function):
 class _LSTMSequence(torch.autograd.Function):
     """An unmasked ensemble LSTM over a whole sequence: ``xs (T, E, B, 4H)`` (the projected inputs,
     time first) and the state weights ``W (E, H, 4H)`` -> the state after every step ``(T, E, B, H)``,
-    from zero states. The backward runs the steps in reverse by hand: each step's input gradient is
+    from zero states (``grad``: whether a backward may follow). The backward runs the steps in reverse by hand: each step's input gradient is
     written into one ``(T, E, B, 4H)`` buffer and ``W``'s gradient accumulated in place, instead of
     autograd's graph of every step (and the concatenation of the steps' gradients)."""
 
     @staticmethod
-    def forward(ctx, xs: Tensor, W: Tensor):
+    def forward(ctx, xs: Tensor, W: Tensor, grad: bool):
         T, E, B, _ = xs.shape
         H = W.shape[1]
         hs = xs.new_empty(T, E, B, H)
         h, c = xs.new_zeros(E, B, H), xs.new_zeros(E, B, H)
         saved = []
         for t in range(T):
-            h_new, c_new, step_saved = _lstm_gates(torch.baddbmm(xs[t], h, W), c)
+            h_new, c_new, step_saved = _lstm_gates(torch.baddbmm(xs[t], h, W), c, grad)
             saved.append(step_saved)
             hs[t] = h_new
             h, c = hs[t], c_new
@@ -195,6 +199,7 @@ class _LSTMSequence(torch.autograd.Function):
         return hs
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dhs: Tensor):
         W, hs = ctx.saved_tensors
         T, E, B, H = hs.shape
@@ -208,7 +213,7 @@ class _LSTMSequence(torch.autograd.Function):
             if t > 0:
                 dW.baddbmm_(hs[t - 1].transpose(1, 2), dz)
             dh = torch.bmm(dz, Wt)
-        return dxs, dW
+        return dxs, dW, None
 
 
 class EnsembleLSTM(_GatedRecurrent):
@@ -223,7 +228,7 @@ class EnsembleLSTM(_GatedRecurrent):
 
     def _run(self, xs: Tensor, mask: Optional[Tensor]) -> Tensor:
         if mask is None and self.h2h.weight.dim() == 3 and xs.dim() == 4:
-            return _LSTMSequence.apply(xs, self.h2h.weight).movedim(0, 2)
+            return _LSTMSequence.apply(xs, self.h2h.weight, torch.is_grad_enabled()).movedim(0, 2)
         return super()._run(xs, mask)
 
 
