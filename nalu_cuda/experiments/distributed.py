@@ -230,8 +230,9 @@ def model_factor(model: Any) -> float:
 # standard --threads 1`): standard-nac-add (100 seeds x 5e5 steps) 1396 s and standard-nac-sub 140 s,
 # both 3.6e4 units/s; standard-linear-add 2.8e4; the NMU model's cell 50 seeds x 2.22e5 steps in 606 s
 # (2.0 x NAC's cost per seed-step, with a third process beside the ranks). So an estimate in hours
-# (`nalu-cuda list`) is good to about a factor of 1.5 for the arithmetic tasks, and rougher for the
-# sequence tasks, whose cost factors come from short quick-profile runs.
+# (`nalu-cuda list`) is good to about a factor of 1.5 for the arithmetic tasks; the sequence tasks' cost
+# factors are measured at their paper shapes relative to standard-nac-add (benchmarks/cost_factors.py
+# --sequence, benchmarks/RESULTS.md section 18), to about 25% on a core of its own.
 CPU_UNITS_PER_S = 3.6e4
 
 
