@@ -2,6 +2,15 @@
 seed-step of one configuration of each model, relative to NAC, on this machine's CPU (1 thread).
 
     OMP_NUM_THREADS=1 python benchmarks/cost_factors.py
+    OMP_NUM_THREADS=1 python benchmarks/cost_factors.py --sequence [TASK ...]
+
+``--sequence``: the sequence tasks' cost factors (each experiment's ``cost_factor`` and
+``model_costs``): every ``paper`` configuration of each task run twice, at a few and at more
+steps, in CPU seconds of this process; the difference is the cost of the extra steps (with
+their evaluations), per seed-step, relative to the same measure of the static task's
+standard-nac-add configuration (100 seeds, the run that measured distributed.CPU_UNITS_PER_S),
+measured in the same invocation, so that a loaded machine scales both alike. The grid world's
+steps (each plays whole episodes) are timed on their own (:func:`gridworld_step_time`).
 
 Whole runs (training, evaluations, baselines) of the static task (8 seeds x 600 steps, one op) and the
 recurrent task (4 seeds x 200 steps); the units that no task builds yet (NAU, NMU, NPU, RealNPU, iNALU)
@@ -38,8 +47,93 @@ def step_time(cls, E=8, n=300):
     return (time.perf_counter() - t) / n
 
 
-def main():
+# (first, second) step counts of the two runs per task: a multiple of neither needs to be the
+# evaluation period (language's paper runs evaluate every 1000 steps, a small part of its step).
+SEQUENCE_STEPS = {"language": (50, 250), "digits": (50, 250), "programs": (20, 120), "parity": (100, 300)}
+
+
+def cpu_run(cfg, out) -> float:
+    """CPU seconds of this process for one whole run of ``cfg`` (in a new folder below ``out``)."""
     import tempfile
+
+    t = time.process_time()
+    runner.run_one(cfg, tempfile.mkdtemp(dir=out), **QUIET)
+    return time.process_time() - t
+
+
+def per_seed_step(cfg, steps, out) -> float:
+    """CPU seconds per seed-step of ``cfg``'s training (and evaluations) between two step counts."""
+    import dataclasses
+
+    a, b = (cpu_run(dataclasses.replace(cfg, steps=n), out) for n in steps)
+    return (b - a) / ((steps[1] - steps[0]) * cfg.seeds)
+
+
+def gridworld_step_time(agent: str, n: int = 4) -> float:
+    """CPU seconds per seed-step of a paper-profile grid-world training step (the episodes, the A2C
+    loss, backward and the optimiser step), after one step of warm-up."""
+    from nalu_cuda.experiments.parts.gridworld_agent import GridAgent, a2c_loss, episode_seed, play
+    from nalu_cuda.experiments.parts.gridworld_env import GridWorldVectorEnv
+    from nalu_cuda.experiments.parts.optim import FlatAdam
+    from nalu_cuda.experiments.tasks.gridworld import PROFILES, GridworldParams
+
+    p = GridworldParams(agent=agent, **PROFILES["paper"]["params"])
+    E = PROFILES["paper"]["seeds"]
+    model = GridAgent(E, agent, hidden=p.hidden, features=p.features, conv=p.conv, pool=p.pool, nac_size=p.nac_size)
+    model.reset_parameters(list(range(E)))
+    opt = FlatAdam(model.parameters(), p.lr, ensemble=E, clip=p.clip)
+    env = GridWorldVectorEnv(E * p.envs, t_low=p.t_low, t_high=p.t_high, slack=p.slack)
+    gens = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    for i in range(n + 1):
+        if i == 1:
+            t = time.process_time()
+        ep = play(model, env, seed=episode_seed(gens[0]), act_gen=gens[1])
+        loss, _ = a2c_loss(ep["logits"], ep["values"], ep["actions"], ep["rewards"], ep["done"], ep["mask"],
+                           gamma=p.gamma, lmbda=p.lmbda, value_coef=p.value_coef, entropy_coef=p.entropy_coef)
+        opt.zero_grad()
+        loss.sum().backward()
+        opt.step_ensemble(torch.zeros(E, dtype=torch.bool), False)
+    return (time.process_time() - t) / (n * E)
+
+
+def sequence_factors(tasks, out) -> None:
+    """Print each sequence configuration's measured cost relative to static's standard-nac-add, the
+    factor it implies (over its model's distributed.model_factor) and the plan's estimate against
+    the measured cost at the paper budget (both in hours of one core at the static reference's rate)."""
+    import dataclasses
+
+    from nalu_cuda.experiments import distributed
+    from nalu_cuda.experiments.registry import get
+    from nalu_cuda.experiments.tasks.static import profile_configs as static_profile
+
+    ref_cfg = next(c for c in static_profile("standard") if c.name == "standard-nac-add")
+    ref = per_seed_step(ref_cfg, (500, 2500), out)
+    print(f"static standard-nac-add: {ref:.3g} CPU s per seed-step ({1 / ref:.3g} units/s; "
+          f"distributed.CPU_UNITS_PER_S = {distributed.CPU_UNITS_PER_S:.3g})")
+    for task in tasks:
+        for cfg in get(task).profile_configs("paper"):
+            if task == "gridworld":
+                cost = gridworld_step_time(cfg.params["agent"])
+            else:
+                cost = per_seed_step(cfg, SEQUENCE_STEPS[task], out)
+            rel = cost / ref
+            measured_h = rel * cfg.seeds * cfg.steps / distributed.CPU_UNITS_PER_S / 3600
+            est_h = distributed.estimated_hours([dataclasses.replace(cfg)])
+            print(f"{task} {cfg.name}: {cost:.3g} CPU s per seed-step, {rel:.3g} x static; "
+                  f"factor {rel / distributed.model_factor(cfg.params.get('model')):.3g} over the model's "
+                  f"{distributed.model_factor(cfg.params.get('model'))}; paper budget: estimate {est_h:.3g} h, "
+                  f"measured {measured_h:.3g} h", flush=True)
+
+
+def main():
+    import sys
+    import tempfile
+
+    if "--sequence" in sys.argv:
+        torch.set_num_threads(1)
+        tasks = [a for a in sys.argv[sys.argv.index("--sequence") + 1:] if not a.startswith("-")]
+        sequence_factors(tasks or ["language", "digits", "programs", "parity", "gridworld"], tempfile.mkdtemp())
+        return
 
     torch.set_num_threads(1)
     out = tempfile.mkdtemp()

@@ -63,6 +63,21 @@ def test_estimated_cost():
     assert distributed.model_factor("relu6") == distributed.model_factor("linear") == distributed.MLP_FACTOR
 
 
+def test_config_factor_prefers_what_the_task_declares():
+    """A task's model_costs (per configuration name, else per model) come before MODEL_FACTORS; a
+    model it does not name keeps MODEL_FACTORS'."""
+    from nalu_cuda.experiments.registry import get
+
+    digits = get("digits")
+    lstm = Config("digits", "counting-lstm", 10, 100, {"model": "lstm"})
+    assert distributed.config_factor(lstm) == digits.model_costs["lstm"] != distributed.model_factor("lstm")
+    assert distributed.estimated_cost(lstm) == 1000 * digits.cost_factor * digits.model_costs["lstm"]
+    programs = get("programs")
+    name = next(iter(programs.model_costs))
+    assert distributed.config_factor(Config("programs", name, 1, 1, {"model": "x"})) == programs.model_costs[name]
+    assert distributed.config_factor(Config("recurrent", "r", 1, 1, {"model": "lstm"})) == distributed.model_factor("lstm")
+
+
 def test_split_rule_and_units():
     assert distributed.split_rule(10.0, 8, 10.0) == 1  # a rank's share: the plan balances it whole
     assert distributed.split_rule(25.0, 8, 10.0) == 3

@@ -66,7 +66,7 @@ from .outdir import OutputDir, RunError
 from .registry import Config, ConfigResult, all_experiments
 
 __all__ = ["Ranks", "launched", "restart_count", "select_local_gpu", "group_store", "init", "rank_device",
-           "estimated_cost", "estimated_hours", "CPU_UNITS_PER_S", "model_factor", "split_rule", "units", "plan", "run_sharded", "TIMEOUT", "COST_FACTORS",
+           "estimated_cost", "estimated_hours", "CPU_UNITS_PER_S", "model_factor", "config_factor", "split_rule", "units", "plan", "run_sharded", "TIMEOUT", "COST_FACTORS",
            "MODEL_FACTORS"]
 
 # The collectives carry results, not gradients: a rank waits at the gather for the slowest shard.
@@ -230,8 +230,9 @@ def model_factor(model: Any) -> float:
 # standard --threads 1`): standard-nac-add (100 seeds x 5e5 steps) 1396 s and standard-nac-sub 140 s,
 # both 3.6e4 units/s; standard-linear-add 2.8e4; the NMU model's cell 50 seeds x 2.22e5 steps in 606 s
 # (2.0 x NAC's cost per seed-step, with a third process beside the ranks). So an estimate in hours
-# (`nalu-cuda list`) is good to about a factor of 1.5 for the arithmetic tasks, and rougher for the
-# sequence tasks, whose cost factors come from short quick-profile runs.
+# (`nalu-cuda list`) is good to about a factor of 1.5 for the arithmetic tasks; the sequence tasks' cost
+# factors are measured at their paper shapes relative to standard-nac-add (benchmarks/cost_factors.py
+# --sequence, benchmarks/RESULTS.md section 18), to about 25% on a core of its own.
 CPU_UNITS_PER_S = 3.6e4
 
 
@@ -240,10 +241,25 @@ def estimated_hours(cfgs: Sequence[Config], ranks: int = 1) -> float:
     return sum(estimated_cost(c) for c in cfgs) / (CPU_UNITS_PER_S * ranks * 3600.0)
 
 
+def config_factor(cfg: Config) -> float:
+    """The relative cost of a step of ``cfg``'s model: what its experiment declares for the
+    configuration by name or for its model (``model_costs``, measured per task where the task's
+    other parts make the models' costs differ from the arithmetic tasks': the sequence tasks), else
+    :func:`model_factor` of its model."""
+    exp = next((e for e in all_experiments() if e.name == cfg.experiment), None)
+    costs = exp.model_costs if exp is not None else {}
+    model = cfg.params.get("model")
+    key = model.strip().lower().replace("_", "-") if isinstance(model, str) else None
+    for k in (cfg.name, key):
+        if k in costs:
+            return costs[k]
+    return model_factor(model)
+
+
 def estimated_cost(cfg: Config) -> float:
     """Seeds x steps x :data:`COST_FACTORS` of the experiment (1 for one not listed) x the model's
-    factor (:func:`model_factor`). A block of seeds costs its share of its configuration's seeds."""
-    return cfg.seeds * cfg.steps * COST_FACTORS.get(cfg.experiment, 1.0) * model_factor(cfg.params.get("model"))
+    factor (:func:`config_factor`). A block of seeds costs its share of its configuration's seeds."""
+    return cfg.seeds * cfg.steps * COST_FACTORS.get(cfg.experiment, 1.0) * config_factor(cfg)
 
 
 def split_rule(cost: float, seeds: int, share: float) -> int:

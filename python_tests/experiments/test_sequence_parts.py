@@ -10,7 +10,8 @@ from torch import nn
 from nalu_cuda.experiments.parts.layers import EnsembleCNN, EnsembleLinear, ensemble_gather
 from nalu_cuda.experiments.parts.optim import FlatAdam
 from nalu_cuda.experiments.parts.seeding import member_generators
-from nalu_cuda.experiments.parts.sequence_models import EnsembleGRU, EnsembleLSTM, EnsembleUGRNN, RecurrentArithmetic
+from nalu_cuda.experiments.parts.sequence_models import (EnsembleGRU, EnsembleLSTM, EnsembleUGRNN, RecurrentArithmetic,
+                                                          final_states, frozen_states)
 from nalu_cuda.experiments.parts.training import BestState
 from nalu_cuda.experiments.stats import mean_ci
 
@@ -75,6 +76,58 @@ def test_masked_steps_keep_the_state():
     out = ens(x, mask)
     assert torch.equal(out[:, :, 1], out[:, :, 4])
     assert torch.allclose(out[:, :, 1], ens(x[:, :, :2])[:, :, 1])
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["whole-sequence", "step-by-step"])
+def test_lstm_gradients_match_torch_per_member(masked):
+    """The LSTM's written-out backward (whole sequence unmasked, one step at a time masked) gives
+    torch's gradients."""
+    E, I, H, T = 2, 3, 4, 6
+    ens = EnsembleLSTM(I, H, ensemble=E).double()
+    ens.reset_parameters(_gens(E))
+    x = torch.randn(E, 2, T, I, dtype=torch.double, requires_grad=True)
+    out = ens(x, torch.ones(E, 2, T, dtype=torch.bool) if masked else None)
+    w = torch.randn_like(out)
+    grads = torch.autograd.grad((out * w).sum(), [x, ens.x2h.weight, ens.h2h.weight, ens.x2h.bias])
+    for e in range(E):
+        ref = nn.LSTM(I, H, batch_first=True).double()
+        with torch.no_grad():
+            ref.weight_ih_l0.copy_(ens.x2h.weight[e].T)
+            ref.weight_hh_l0.copy_(ens.h2h.weight[e].T)
+            ref.bias_ih_l0.copy_(ens.x2h.bias[e])
+            ref.bias_hh_l0.zero_()
+        xe = x[e].detach().requires_grad_()
+        want = torch.autograd.grad((ref(xe)[0] * w[e]).sum(), [xe, ref.weight_ih_l0, ref.weight_hh_l0, ref.bias_ih_l0])
+        assert torch.allclose(grads[0][e], want[0], atol=1e-10)
+        assert torch.allclose(grads[1][e], want[1].T, atol=1e-10)
+        assert torch.allclose(grads[2][e], want[2].T, atol=1e-10)
+        assert torch.allclose(grads[3][e], want[3], atol=1e-10)
+
+
+@pytest.mark.parametrize("cls", [EnsembleLSTM, EnsembleUGRNN, EnsembleGRU], ids=["lstm", "ugrnn", "gru"])
+@pytest.mark.parametrize("shared", [False, True], ids=["per-member", "shared"])
+def test_forward_tokens_equals_projecting_every_token(cls, shared):
+    """Projecting the embedding table once per row and gathering is the same function (and gradient)
+    as embedding every token and projecting it; unmasked prefix-padded runs read at the last valid
+    step equal the masked run."""
+    E, V, D, H, B, T = 3, 7, 5, 4, 4, 6
+    ens = cls(D, H, ensemble=E).double()
+    ens.reset_parameters(_gens(E))
+    table = torch.randn(E, V, D, dtype=torch.double, requires_grad=True)
+    tokens = torch.randint(1, V, (B, T) if shared else (E, B, T))
+    lengths = torch.tensor([6, 1, 3, 4])
+    mask = torch.arange(T) < lengths.unsqueeze(1)  # (B, T), a prefix per row
+    tokens = tokens * mask
+    full = tokens.expand(E, B, T)
+    want = ens(ensemble_gather(table, full), mask.expand(E, B, T))
+    got = ens.forward_tokens(table, tokens)
+    assert torch.allclose(frozen_states(got, mask), want, atol=1e-12)
+    assert torch.allclose(final_states(got, mask), want[:, :, -1], atol=1e-12)
+    w = torch.randn(E, B, H, dtype=torch.double)
+    g_want = torch.autograd.grad((want[:, :, -1] * w).sum(), [table, *ens.parameters()])
+    g_got = torch.autograd.grad((final_states(ens.forward_tokens(table, tokens), mask) * w).sum(), [table, *ens.parameters()])
+    for a, b in zip(g_got, g_want):
+        assert torch.allclose(a, b, atol=1e-12)
 
 
 def test_members_do_not_depend_on_each_other_or_on_E():

@@ -61,6 +61,7 @@ class FlatAdam:
         self.exp_avg_sq = torch.zeros_like(self.flat)
         self.step_count = 0
         self._step_t: Optional[Tensor] = None  # the step count on the device (resident steps)
+        self._pending_sq: Optional[Tensor] = None  # the members' squared norms, for the next clip
         self._segments = None
         self._resident = None  # (E, device) and the CUDA kernel of step_resident, see _resident_native
         self._views = []
@@ -126,11 +127,18 @@ class FlatAdam:
     def _member_grads(self, E: int) -> List[Tensor]:
         return [self.grad[off:off + k].view(E, -1) for off, k, _ in self._views]
 
+    def _member_sq(self, E: int) -> Tensor:
+        """Each member's squared gradient norm over every parameter, in float64 ``(E,)``."""
+        return sum((g.double() ** 2).sum(1) for g in self._member_grads(E))
+
     @torch.no_grad()
     def clip_grad_norm_(self) -> None:
-        """Rescale each member's gradient (over every parameter) to norm at most ``clip``."""
+        """Rescale each member's gradient (over every parameter) to norm at most ``clip`` (the norms
+        :meth:`_zero_frozen_grads` found, where it ran just before)."""
         grads = self._member_grads(self.ensemble)
-        sq = sum((g.double() ** 2).sum(1) for g in grads)
+        sq, self._pending_sq = self._pending_sq, None
+        if sq is None:
+            sq = self._member_sq(self.ensemble)
         scale = (self.clip / (sq.sqrt() + 1e-12)).clamp(max=1.0).to(self.grad.dtype)
         for g in grads:
             g.mul_(scale.unsqueeze(1))
@@ -183,18 +191,30 @@ class FlatAdam:
             self.step_count += 1
             return fn(self.flat, self.grad, self.exp_avg, self.exp_avg_sq, segs, frozen.contiguous(),
                       freeze_nonfinite, self.lr, self.beta1, self.beta2, self.eps, self.step_count)
-        nonfinite = self._zero_frozen_grads(frozen, freeze_nonfinite)
+        nonfinite = self._zero_frozen_grads(frozen, freeze_nonfinite, read_back=True)
         self.step()
         return nonfinite
 
-    def _zero_frozen_grads(self, frozen: Tensor, freeze_nonfinite: bool) -> Tensor:
+    def _zero_frozen_grads(self, frozen: Tensor, freeze_nonfinite: bool, read_back: bool = False) -> Tensor:
         """Zeroes the gradients of the members in ``frozen`` (E,) and, with ``freeze_nonfinite``, of
-        the members whose gradient has a NaN or Inf; returns the latter ``(E,)``."""
-        grads = self._member_grads(frozen.numel())
-        nonfinite = ~torch.stack([torch.isfinite(g).all(1) for g in grads], 1).all(1)
-        drop = (frozen | nonfinite if freeze_nonfinite else frozen).unsqueeze(1)
-        for g in grads:
-            g.masked_fill_(drop, 0.0)
+        the members whose gradient has a NaN or Inf; returns the latter ``(E,)``. With clipping, one
+        pass gives both the non-finite members (a NaN or Inf makes the float64 sum of squares
+        non-finite; a float32 gradient's squares cannot overflow it) and the norms the clip then
+        uses (0 for a zeroed member, as it would find). ``read_back`` (the eager CPU step): skip the
+        zeroing where no member is to be zeroed (one read of the host's own memory)."""
+        E = frozen.numel()
+        grads = self._member_grads(E)
+        if self.clip is not None and E == self.ensemble:
+            sq = self._member_sq(E)
+            nonfinite = ~torch.isfinite(sq)
+        else:
+            sq, nonfinite = None, ~torch.stack([torch.isfinite(g).all(1) for g in grads], 1).all(1)
+        drop = frozen | nonfinite if freeze_nonfinite else frozen
+        if sq is not None:
+            self._pending_sq = torch.where(drop, torch.zeros_like(sq), sq)
+        if not (read_back and drop.device.type == "cpu") or bool(drop.any()):
+            for g in grads:
+                g.masked_fill_(drop.unsqueeze(1), 0.0)
         return nonfinite
 
     # step_resident takes the CUDA kernel where it applies; False (on an instance) keeps the tensor ops.

@@ -11,16 +11,18 @@ masked step leaves the state unchanged), and return every step's output ``(E, B,
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 import nalu_cuda
 
 from .layers import GatedCell, Generators
 
-__all__ = ["EnsembleLSTM", "EnsembleGRU", "EnsembleUGRNN", "RecurrentArithmetic", "make_recurrent", "RECURRENT_KINDS"]
+__all__ = ["EnsembleLSTM", "EnsembleGRU", "EnsembleUGRNN", "RecurrentArithmetic", "make_recurrent", "RECURRENT_KINDS",
+           "final_states", "frozen_states", "last_valid_step"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -43,66 +45,218 @@ class _Recurrent(nn.Module):
     def _mask_step(m: Optional[Tensor], new: Tensor, old: Tensor) -> Tensor:
         return new if m is None else torch.where(m, new, old)
 
-    def _scan(self, x: Tensor, mask: Optional[Tensor], step, n_states: int = 1) -> Tensor:
-        """Run ``step(xt, states) -> new states`` over the steps of ``x`` ``(E, B, T, I)`` (``xt``:
-        the input projection of step t, all steps projected at once); the states start at zero and a
-        masked-out step keeps them. Returns the first state after every step ``(E, B, T, H)``."""
-        E, B, T, _ = x.shape
-        xp = self.x2h(x)
-        states = tuple(x.new_zeros(E, B, self.hidden_size) for _ in range(n_states))
+    def _scan(self, xs: Tensor, mask: Optional[Tensor], step, n_states: int = 1) -> Tensor:
+        """Run ``step(xt, states) -> new states`` over the steps of ``xs`` ``(T, E, B, G)`` (time
+        first, so that ``xt``, the input projection of step t, is contiguous); the states start at
+        zero and a masked-out step keeps them. Returns the first state after every step ``(E, B, T, H)``."""
+        T, E, B, _ = xs.shape
+        states = tuple(xs.new_zeros(E, B, self.hidden_size) for _ in range(n_states))
         outs = []
-        for xt, mt in zip(xp.unbind(2), self._mask_steps(mask, T)):
+        for xt, mt in zip(xs.unbind(0), self._mask_steps(mask, T)):
             states = tuple(self._mask_step(mt, new, old) for new, old in zip(step(xt, states), states))
             outs.append(states[0])
         return torch.stack(outs, dim=2)
 
 
-class EnsembleLSTM(GatedCell, _Recurrent):
-    """LSTM (PyTorch's gate equations) per member; ``output_sum=True`` also returns the running sum."""
+def last_valid_step(mask: Tensor) -> Tensor:
+    """The index of each row's last valid step of a prefix mask ``(..., T)`` (valid steps first, then
+    padding; 0 for a row with none)."""
+    return (mask.sum(-1) - 1).clamp_min(0)
 
-    GATES, H2H_BIAS = 4, False
+
+def final_states(h: Tensor, mask: Tensor) -> Tensor:
+    """The state after each row's last valid step, ``(E, B, H)``, of an unmasked run's states
+    ``h (E, B, T, H)`` and a prefix mask ``(E or 1, B, T)`` or ``(B, T)``: what a run masked with it
+    ends in (a masked step keeps the state), without a select per step."""
+    E, B, T, H = h.shape
+    at = last_valid_step(mask).expand(E, B)
+    return h.gather(2, at.reshape(E, B, 1, 1).expand(E, B, 1, H)).squeeze(2)
+
+
+def frozen_states(h: Tensor, mask: Tensor) -> Tensor:
+    """The states ``(E, B, T, H)`` of a run masked with a prefix mask ``(E or 1, B, T)`` or ``(B, T)``
+    (each row's state kept after its last valid step), from an unmasked run's ``h``."""
+    E, B, T, H = h.shape
+    at = torch.minimum(torch.arange(T, device=h.device), last_valid_step(mask).unsqueeze(-1)).expand(E, B, T)
+    return h.gather(2, at.unsqueeze(-1).expand(E, B, T, H))
+
+
+class _GatedRecurrent(GatedCell, _Recurrent):
+    """A gated cell over a sequence: ``forward(x, mask)`` projects every step's input at once
+    (``x2h``), then runs :meth:`cell_step` (``xt``: a step's projected input) over the steps. :meth:`forward_tokens` takes token ids and a
+    table of their embeddings instead, and projects each table row once."""
+
+    N_STATES = 1
+
+    def cell_step(self, xt: Tensor, states: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
+        raise NotImplementedError
+
+    def _gates(self, xt: Tensor, h: Tensor) -> Tensor:
+        """``xt + h2h(h)`` in one batched product where the cell is an ensemble (``baddbmm``)."""
+        W = self.h2h.weight
+        if W.dim() == 3 and h.dim() == 3 and self.h2h.bias is None:
+            return torch.baddbmm(xt, h, W)
+        return xt + self.h2h(h)
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        def step(xt: Tensor, states):
-            h, c = states
-            i, f, g, o = (xt + self.h2h(h)).chunk(4, dim=-1)
-            c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-            return torch.sigmoid(o) * torch.tanh(c_new), c_new
+        return self.forward_projected(self.x2h(x), mask)
 
-        return self._scan(x, mask, step, n_states=2)
+    def forward_projected(self, xp: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """:meth:`forward` on inputs already projected by ``x2h``: ``xp (E, B, T, GATES * H)``."""
+        return self._run(xp.movedim(2, 0).contiguous(), mask)
+
+    def forward_tokens(self, table: Tensor, tokens: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """:meth:`forward` of the embedded tokens ``table[e, tokens[e]]`` (``table (E, V, in)``;
+        ``tokens (E, B, T)``, or ``(B, T)`` shared by every member): ``x2h`` of the ``V`` rows of the
+        table, then gathered per token (time first, as the scan reads them), the same function as
+        projecting every token (a token's projection is its row's; the gradients reach the table
+        through the gather) with ``V`` products instead of ``B * T``."""
+        rows = self.x2h(table)
+        E, V, G = rows.shape
+        tok = tokens.expand(E, *tokens.shape[-2:])
+        flat = (tok + torch.arange(E, device=tok.device).view(E, 1, 1) * V).permute(2, 0, 1)  # (T, E, B)
+        xs = rows.reshape(E * V, G).index_select(0, flat.reshape(-1)).view(*flat.shape, G)
+        return self._run(xs, mask)
+
+    def _run(self, xs: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """The states after every step ``(E, B, T, H)`` of the projected inputs ``xs (T, E, B, G)``."""
+        return self._scan(xs, mask, self.cell_step, self.N_STATES)
 
 
-class EnsembleGRU(GatedCell, _Recurrent):
+def _lstm_gates(z: Tensor, c: Tensor, grad: bool = True) -> Tuple[Tensor, Tensor, Tuple[Tensor, ...]]:
+    """PyTorch's LSTM equations from the gates' pre-activations ``z (..., 4H)`` (i, f, g, o) and the
+    cell state ``c``: ``h_new``, ``c_new`` and what :func:`_lstm_gates_grad` needs, ``(s, d, dtc, tc, c)``:
+    ``s`` the sigmoid of the whole block, taken in one pass (the cell gate's block is then replaced
+    by ``g = tanh``; on CPU an op over a column block of ``z`` is several times slower than over a
+    contiguous tensor), ``d`` the gates' derivatives (``s (1 - s)``, the cell gate's ``1 - g^2``),
+    ``tc = tanh(c_new)``, ``dtc = 1 - tc^2`` (not formed without ``grad``: an empty tuple)."""
+    H = c.shape[-1]
+    s = torch.sigmoid(z)
+    g = s[..., 2 * H:3 * H]
+    g.copy_(torch.tanh(z[..., 2 * H:3 * H].contiguous()))
+    i, f, o = s[..., :H], s[..., H:2 * H], s[..., 3 * H:]
+    c_new = torch.addcmul(f * c, i, g)
+    tc = torch.tanh(c_new)
+    if not grad:
+        return o * tc, c_new, ()
+    d = torch.addcmul(s, s, s, value=-1.0)
+    one = torch.ones((), dtype=s.dtype, device=s.device)
+    d[..., 2 * H:3 * H] = torch.addcmul(one, g, g, value=-1.0)
+    return o * tc, c_new, (s, d, torch.addcmul(one, tc, tc, value=-1.0), tc, c)
+
+
+def _lstm_gates_grad(saved: Tuple[Tensor, ...], dh: Tensor, dc_new: Tensor, dz: Tensor) -> Tensor:
+    """The backward of :func:`_lstm_gates` (``saved``: what it returned for it): writes the gradient
+    of ``z`` into ``dz`` (one buffer, no concatenation of its four blocks) and returns that of ``c``."""
+    s, d, dtc, tc, c = saved
+    H = c.shape[-1]
+    i, f, g, o = s[..., :H], s[..., H:2 * H], s[..., 2 * H:3 * H], s[..., 3 * H:]
+    dc = torch.addcmul(dc_new, dh * o, dtc)
+    for k, (a, b) in enumerate(((dc, g), (dc, c), (dc, i), (dh, tc))):
+        torch.mul(a * b, d[..., k * H:(k + 1) * H], out=dz[..., k * H:(k + 1) * H])
+    return dc * f
+
+
+class _LSTMGates(torch.autograd.Function):
+    """One LSTM step from the gates' pre-activations: ``(z, c) -> (h, c_new)``, the backward written
+    out (a few elementwise ops instead of autograd's graph of a dozen small ones)."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, c: Tensor):
+        h, c_new, saved = _lstm_gates(z, c)
+        ctx.save_for_backward(*saved)
+        return h, c_new
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dh: Tensor, dc_new: Tensor):
+        saved = ctx.saved_tensors
+        dz = torch.empty_like(saved[0])
+        return dz, _lstm_gates_grad(saved, dh, dc_new, dz)
+
+
+class _LSTMSequence(torch.autograd.Function):
+    """An unmasked ensemble LSTM over a whole sequence: ``xs (T, E, B, 4H)`` (the projected inputs,
+    time first) and the state weights ``W (E, H, 4H)`` -> the state after every step ``(T, E, B, H)``,
+    from zero states (``grad``: whether a backward may follow). The backward runs the steps in reverse by hand: each step's input gradient is
+    written into one ``(T, E, B, 4H)`` buffer and ``W``'s gradient accumulated in place, instead of
+    autograd's graph of every step (and the concatenation of the steps' gradients)."""
+
+    @staticmethod
+    def forward(ctx, xs: Tensor, W: Tensor, grad: bool):
+        T, E, B, _ = xs.shape
+        H = W.shape[1]
+        hs = xs.new_empty(T, E, B, H)
+        h, c = xs.new_zeros(E, B, H), xs.new_zeros(E, B, H)
+        saved = []
+        for t in range(T):
+            h_new, c_new, step_saved = _lstm_gates(torch.baddbmm(xs[t], h, W), c, grad)
+            saved.append(step_saved)
+            hs[t] = h_new
+            h, c = hs[t], c_new
+        ctx.saved = saved
+        ctx.save_for_backward(W, hs)
+        return hs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dhs: Tensor):
+        W, hs = ctx.saved_tensors
+        T, E, B, H = hs.shape
+        dxs = dhs.new_empty(T, E, B, 4 * H)
+        dW = torch.zeros_like(W)
+        dh, dc = dhs.new_zeros(E, B, H), dhs.new_zeros(E, B, H)
+        Wt = W.transpose(1, 2)
+        for t in range(T - 1, -1, -1):
+            dz = dxs[t]
+            dc = _lstm_gates_grad(ctx.saved[t], dhs[t] + dh, dc, dz)
+            if t > 0:
+                dW.baddbmm_(hs[t - 1].transpose(1, 2), dz)
+            dh = torch.bmm(dz, Wt)
+        return dxs, dW, None
+
+
+class EnsembleLSTM(_GatedRecurrent):
+    """LSTM (PyTorch's gate equations) per member. Unmasked ensemble runs take the whole sequence in
+    one step of autograd (:class:`_LSTMSequence`); masked ones step by step."""
+
+    GATES, H2H_BIAS, N_STATES = 4, False, 2
+
+    def cell_step(self, xt: Tensor, states: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
+        h, c = states
+        return _LSTMGates.apply(self._gates(xt, h), c)
+
+    def _run(self, xs: Tensor, mask: Optional[Tensor]) -> Tensor:
+        if mask is None and self.h2h.weight.dim() == 3 and xs.dim() == 4:
+            return _LSTMSequence.apply(xs, self.h2h.weight, torch.is_grad_enabled()).movedim(0, 2)
+        return super()._run(xs, mask)
+
+
+class EnsembleGRU(_GatedRecurrent):
     """GRU (PyTorch's gate equations) per member."""
 
     GATES, H2H_BIAS = 3, True
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        def step(xt: Tensor, states):
-            (h,) = states
-            xr, xz, xn = xt.chunk(3, dim=-1)
-            hr, hz, hn = self.h2h(h).chunk(3, dim=-1)
-            r = torch.sigmoid(xr + hr)
-            z = torch.sigmoid(xz + hz)
-            return ((1 - z) * torch.tanh(xn + r * hn) + z * h,)
-
-        return self._scan(x, mask, step)
+    def cell_step(self, xt: Tensor, states: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
+        (h,) = states
+        xr, xz, xn = xt.chunk(3, dim=-1)
+        hr, hz, hn = self.h2h(h).chunk(3, dim=-1)
+        r = torch.sigmoid(xr + hr)
+        z = torch.sigmoid(xz + hz)
+        return ((1 - z) * torch.tanh(xn + r * hn) + z * h,)
 
 
-class EnsembleUGRNN(GatedCell, _Recurrent):
+class EnsembleUGRNN(_GatedRecurrent):
     """Update-gate RNN (Collins, Sohl-Dickstein, Sussillo 2017), the paper's UGRNN baseline:
     ``c = tanh(W_c [x, h] + b_c)``, ``g = sigmoid(W_g [x, h] + b_g)``, ``h = g h + (1 - g) c``."""
 
     GATES, H2H_BIAS = 2, False
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        def step(xt: Tensor, states):
-            (h,) = states
-            zc, zg = (xt + self.h2h(h)).chunk(2, dim=-1)
-            g = torch.sigmoid(zg)
-            return (g * h + (1 - g) * torch.tanh(zc),)
-
-        return self._scan(x, mask, step)
+    def cell_step(self, xt: Tensor, states: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
+        (h,) = states
+        zc, zg = (z.contiguous() for z in self._gates(xt, h).chunk(2, dim=-1))  # see EnsembleLSTM.cell_step
+        g = torch.sigmoid(zg)
+        return (g * h + (1 - g) * torch.tanh(zc),)
 
 
 class RecurrentArithmetic(_Recurrent):

@@ -40,7 +40,7 @@ from ..parts.number_words import SPLIT_SIZES, VOCAB, make_split, number_to_words
 from ..parts.number_words import MAX_TOKENS, ONES, TENS  # noqa: F401  (the task's names for its data)
 from ..parts.optim import FlatAdam
 from ..parts.seeding import member_generators
-from ..parts.sequence_models import EnsembleLSTM
+from ..parts.sequence_models import EnsembleLSTM, final_states, frozen_states
 from ..parts.training import train_ensemble
 from ..plugin import (add_backend_argument, add_subset_argument, profile_entry, register_task, run_options,
                       run_setting, subset_option)
@@ -78,14 +78,21 @@ class NumberReader(nn.Module):
         else:
             self.head.reset_parameters(gens)
 
+    def states(self, tokens: Tensor, mask: Tensor, last: bool = False) -> Tensor:
+        """The LSTM state after every token ``(E, N, T, H)``, frozen after the last token (``last``:
+        only the state after the last token, ``(E, N, H)``), for ``tokens``, ``mask``: ``(N, T)``
+        shared by all members, the valid tokens a prefix of every row (right padding). The input
+        projection of an embedded token is computed once per vocabulary word
+        (:meth:`EnsembleLSTM.forward_tokens`). The LSTM runs unmasked and the states after a row's
+        last token are read from that step: the values of a masked run, without a select per step."""
+        h = self.lstm.forward_tokens(self.embedding.weight, tokens)
+        return final_states(h, mask) if last else frozen_states(h, mask)
+
     def forward(self, tokens: Tensor, mask: Tensor) -> Tensor:
         """``tokens``, ``mask``: ``(N, T)`` shared by all members -> running estimates ``(E, N, T)``."""
-        E = self.embedding.weight.shape[0]
-        tok = tokens.unsqueeze(0).expand(E, *tokens.shape)
-        m = mask.unsqueeze(0).expand(E, *mask.shape)
-        h = self.lstm(self.embedding(tok), m)  # (E, N, T, H); frozen after the last token
+        h = self.states(tokens, mask)
         if self.head_kind == "linear-sum":
-            h = torch.cumsum(h * m.unsqueeze(-1).to(h.dtype), dim=2)
+            h = torch.cumsum(h * mask.unsqueeze(-1).to(h.dtype), dim=2)
         return self.head(h).squeeze(-1)
 
     @torch.no_grad()
@@ -95,16 +102,20 @@ class NumberReader(nn.Module):
         if self.head_kind != "nalu":
             return None
         E = self.embedding.weight.shape[0]
-        tok = tokens.unsqueeze(0).expand(E, *tokens.shape)
-        m = mask.unsqueeze(0).expand(E, *mask.shape)
-        h = self.lstm(self.embedding(tok), m)[:, :, -1]  # (E, N, H)
+        h = self.states(tokens, mask, last=True)  # (E, N, H)
         G = self.head.G
         g = torch.sigmoid(torch.bmm(h, G)) if self.head.gate == "input" else torch.sigmoid(G).unsqueeze(1)
         return g.reshape(E, -1).mean(1)
 
     def predict(self, tokens: Tensor, mask: Tensor) -> Tensor:
-        """The estimate after the last token, ``(E, N)``."""
-        return self.forward(tokens, mask)[:, :, -1]
+        """The estimate after the last token, ``(E, N)``: the head on the last state only (the
+        summed-state head: on the sum of the states over the valid tokens)."""
+        if self.head_kind == "linear-sum":
+            h = self.lstm.forward_tokens(self.embedding.weight, tokens)  # unmasked: the masked sum below
+            last = (h * mask.unsqueeze(-1).to(h.dtype)).sum(2)
+        else:
+            last = self.states(tokens, mask, last=True)
+        return self.head(last).squeeze(-1)
 
 
 def _mae(pred: Tensor, target: Tensor) -> Tensor:
@@ -501,5 +512,9 @@ def memory_needs(config: registry.Config) -> List[Need]:
                  max(size(float(e), float(h)) for e, h in p.sizes))]
 
 
-EXPERIMENT = register_task(__name__, name=NAME, order=60, summarize=interval_summary, cost_factor=20.0,
+# Cost per seed-step relative to the static task (distributed.estimated_cost), measured with
+# `OMP_NUM_THREADS=1 python benchmarks/cost_factors.py --sequence` (paper configurations, CPU time
+# against static's standard-nac-add in the same run; 2-core shared CPU, 1 thread; benchmarks/RESULTS.md
+# section 18). A configuration's steps count once for its two layer sizes (each trained that long).
+EXPERIMENT = register_task(__name__, name=NAME, order=60, summarize=interval_summary, cost_factor=165.0,
                            help="language to number (Table 3, Fig. 3): embedding -> LSTM -> linear / NAC / NALU")

@@ -283,5 +283,9 @@ def memory_needs(config: registry.Config) -> List[Need]:
             Need("the CNN and its optimiser", "--digits, --seeds", E * C2 * pix / 16 * p.hidden * FLOAT * ADAM)]
 
 
-EXPERIMENT = register_task(__name__, name=NAME, order=80, summarize=interval_summary, cost_factor=1.0,
+# Cost per seed-step relative to the static task (distributed.estimated_cost), measured with
+# `OMP_NUM_THREADS=1 python benchmarks/cost_factors.py --sequence` (paper configurations, CPU time
+# against static's standard-nac-add in the same run; 2-core shared CPU, 1 thread; benchmarks/RESULTS.md
+# section 18).
+EXPERIMENT = register_task(__name__, name=NAME, order=80, summarize=interval_summary, cost_factor=80.0,
                            help="digit-image parity (Table 4): final layer affine vs NAC and ablations")

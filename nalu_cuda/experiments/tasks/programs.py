@@ -43,7 +43,7 @@ from ..params import task_params
 from ..resources import ADAM, FLOAT, Need
 from ..parts.layers import EnsembleEmbedding, EnsembleLinear, ensemble_gather
 from ..parts.seeding import member_generators
-from ..parts.sequence_models import make_recurrent
+from ..parts.sequence_models import final_states, make_recurrent
 from ..parts.training import generator_state, train_ensemble
 from ..plugin import (add_backend_argument, add_task_model_arguments, profile_entry, register_task, run_options,
                       run_setting, task_model_configs, task_model_options)
@@ -125,8 +125,11 @@ class ProgramReader(nn.Module):
         self.head.reset_parameters(member_generators(seeds, "programs/head"))
 
     def forward(self, tokens: Tensor, mask: Tensor) -> Tensor:
-        """``tokens``, ``mask``: ``(E, B, T)`` -> predictions ``(E, B)``."""
-        h = self.rec(self.embedding(tokens), mask)[:, :, -1]  # masked steps keep the state: last = final
+        """``tokens``, ``mask``: ``(E, B, T)`` (the valid characters a prefix of every row) ->
+        predictions ``(E, B)``. The recurrent layer projects the embedding table once per character
+        (``forward_tokens``) and runs unmasked; the head reads each row's state after its last
+        character, which is the final state of the masked run."""
+        h = final_states(self.rec.forward_tokens(self.embedding.weight, tokens), mask)
         return self.head(h).squeeze(-1) * self.out_scale
 
 
@@ -397,6 +400,13 @@ def memory_needs(config: registry.Config) -> List[Need]:
             Need("the recurrent states of a training batch", "--hidden, --seeds", E * p.batch * T * 4 * H * FLOAT * 2)]
 
 
-EXPERIMENT = register_task(__name__, name=NAME, order=70, summarize=interval_summary, cost_factor=10.0,
+# Cost per seed-step relative to the static task (distributed.estimated_cost), measured with
+# `OMP_NUM_THREADS=1 python benchmarks/cost_factors.py --sequence` (paper configurations, CPU time
+# against static's standard-nac-add in the same run; 2-core shared CPU, 1 thread; benchmarks/RESULTS.md
+# section 18). Per configuration: the programs are about twice as
+# long as the additions, and the models differ.
+EXPERIMENT = register_task(__name__, name=NAME, order=70, summarize=interval_summary, cost_factor=100.0,
+                           model_costs={"add-lstm": 2.3, "add-ugrnn": 1.6, "add-nalu": 2.9,
+                                        "program-lstm": 5.5, "program-ugrnn": 2.5, "program-nalu": 4.7},
                            help="program evaluation (Fig. 4): "
                                 "LSTM, UGRNN and LSTM+NALU read code character by character")
