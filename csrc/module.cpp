@@ -6,7 +6,7 @@
 // autocast and every device's kernel apply), but skips torch.ops' generic per-call argument
 // parsing, which costs more than the whole fused forward at the paper's layer sizes. torch.compile
 // must see the ops themselves, so functional.py uses torch.ops while compiling.
-#include <torch/extension.h>
+#include <torch/python.h>  // pybind11 and the tensor casters; not torch/extension.h (all of libtorch's C++ API: twice the compile time)
 
 #include <tuple>
 
