@@ -40,6 +40,7 @@ from .experiments.argtypes import (MAX_SEEDS, MAX_STEPS, at_most, comma_list, de
                                    phase_step_count, positive_float, positive_int, seed_count, step_count,
                                    thread_count)
 from .experiments.parts.mnist_data import mnist_directory  # noqa: F401  (re-exported)
+from .experiments.costs import estimated_hours, fmt_hours
 from .experiments.resources import check_memory
 
 # The budgets of ``reproduce`` (see nalu_cuda.experiments.registry.Experiment.profiles).
@@ -246,20 +247,15 @@ def _print_list(parser: argparse.ArgumentParser, profile: Optional[str]) -> None
             continue
         print(f"\n{exp.name}: {exp.help}")
         for c in cfgs:
-            print(f"    {c.name}: {c.seeds:,} seeds x {c.steps:,} steps, {_hours(distributed.estimated_hours([c]))}")
-        total, hours = sum(c.seeds * c.steps for c in cfgs), distributed.estimated_hours(cfgs)
+            print(f"    {c.name}: {c.seeds:,} seeds x {c.steps:,} steps, {fmt_hours(estimated_hours([c]))}")
+        total, hours = sum(c.seeds * c.steps for c in cfgs), estimated_hours(cfgs)
         print(f"    ({len(cfgs)} configuration{'s' if len(cfgs) != 1 else ''}, {total:,} seed-steps in all: "
-              f"{_hours(hours)} on one core, {_hours(hours / 2)} on two torchrun ranks)")
+              f"{fmt_hours(hours)} on one core, {fmt_hours(hours / 2)} on two torchrun ranks)")
         grand += hours
-    print(f"\nIn all: {_hours(grand)} on one CPU core, {_hours(grand / 2)} on two ranks (estimated from the measured "
-          "cost factors: distributed.CPU_UNITS_PER_S; a GPU is faster)")
+    print(f"\nIn all: {fmt_hours(grand)} on one CPU core, {fmt_hours(grand / 2)} on two ranks (estimated from the measured "
+          "cost factors: experiments.costs; a GPU is faster)")
 
 
-def _hours(h: float) -> str:
-    """An estimated duration, in the unit that reads best."""
-    if h * 60 < 1:
-        return "<1 min"
-    return f"~{h * 60:.0f} min" if h < 1 else f"~{h:.1f} h" if h < 100 else f"~{h / 24:.0f} days"
 
 
 # The headline numbers of a summary.json record, first present first: (key, label, scale).

@@ -14,7 +14,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from nalu_cuda import cli
-from nalu_cuda.experiments import distributed, outdir
+from nalu_cuda.experiments import costs, distributed, outdir
 from nalu_cuda.experiments.outdir import OutputDir, RunError
 from nalu_cuda.experiments.registry import Config
 from nalu_cuda.experiments.tasks.static import static_config
@@ -55,12 +55,12 @@ def test_plan_keeps_finished_and_checkpointed_where_they_are():
 
 def test_estimated_cost():
     cfg = Config("static", "c", seeds=4, steps=100)
-    assert distributed.estimated_cost(cfg) == 400 * distributed.COST_FACTORS["static"]
-    assert distributed.estimated_cost(Config("digits", "d", 1, 10)) > distributed.estimated_cost(Config("static", "s", 1, 10))
-    nac, nalu, lstm = (distributed.estimated_cost(Config("recurrent", m, 4, 100, {"model": m})) for m in ("nac", "nalu", "lstm"))
+    assert costs.estimated_cost(cfg) == 400 * costs.COST_FACTORS["static"]
+    assert costs.estimated_cost(Config("digits", "d", 1, 10)) > costs.estimated_cost(Config("static", "s", 1, 10))
+    nac, nalu, lstm = (costs.estimated_cost(Config("recurrent", m, 4, 100, {"model": m})) for m in ("nac", "nalu", "lstm"))
     assert nac < nalu < lstm
-    assert distributed.model_factor("iNALU") > distributed.model_factor("NAU") > distributed.model_factor("nac")
-    assert distributed.model_factor("relu6") == distributed.model_factor("linear") == distributed.MLP_FACTOR
+    assert costs.model_factor("iNALU") > costs.model_factor("NAU") > costs.model_factor("nac")
+    assert costs.model_factor("relu6") == costs.model_factor("linear") == costs.MLP_FACTOR
 
 
 def test_config_factor_prefers_what_the_task_declares():
@@ -70,12 +70,12 @@ def test_config_factor_prefers_what_the_task_declares():
 
     digits = get("digits")
     lstm = Config("digits", "counting-lstm", 10, 100, {"model": "lstm"})
-    assert distributed.config_factor(lstm) == digits.model_costs["lstm"] != distributed.model_factor("lstm")
-    assert distributed.estimated_cost(lstm) == 1000 * digits.cost_factor * digits.model_costs["lstm"]
+    assert costs.config_factor(lstm) == digits.model_costs["lstm"] != costs.model_factor("lstm")
+    assert costs.estimated_cost(lstm) == 1000 * digits.cost_factor * digits.model_costs["lstm"]
     programs = get("programs")
     name = next(iter(programs.model_costs))
-    assert distributed.config_factor(Config("programs", name, 1, 1, {"model": "x"})) == programs.model_costs[name]
-    assert distributed.config_factor(Config("recurrent", "r", 1, 1, {"model": "lstm"})) == distributed.model_factor("lstm")
+    assert costs.config_factor(Config("programs", name, 1, 1, {"model": "x"})) == programs.model_costs[name]
+    assert costs.config_factor(Config("recurrent", "r", 1, 1, {"model": "lstm"})) == costs.model_factor("lstm")
 
 
 def test_split_rule_and_units():

@@ -200,7 +200,7 @@ class Experiment:
       ``derived_merges``: ``{field: (source field, rule)}``, fields computed from merged ones after them.
     * ``cost_factor``: relative cost of one training step of one seed (static = 1), and
       ``model_costs``: relative cost of a step per model name of the task, or per configuration
-      name (either over :data:`.distributed.MODEL_FACTORS`, :func:`.distributed.config_factor`);
+      name (either over :data:`.costs.MODEL_FACTORS`, :func:`.costs.config_factor`);
       the balance of sharded runs and the estimates of ``nalu-cuda list`` depend on them.
     * ``published_budget``: ``(seeds, steps)`` of the publication the report compares with, where it
       is not the ``paper`` profile's (:func:`.verdicts.published_budget`).

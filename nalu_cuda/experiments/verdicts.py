@@ -7,7 +7,8 @@ A claim gets one of:
   it succeeded anyway), when the run's budget reached the published one (at least as many seeds AND
   at least as many steps: :meth:`Budget.covers`), or when the outcome is structural (the
   architecture cannot do otherwise, whatever the training; the report says why).
-* **inconclusive at this budget** (with both budgets beside it), otherwise: a failure that more
+* **inconclusive at this budget** (with both budgets beside it, and what the published one would
+  cost on one CPU core: :mod:`.costs`), otherwise: a failure that more
   seeds or more steps could overturn is not evidence against a claim, and an observed failure is
   not evidence for a claim that a model fails.
 * **not tested here**: the cells the claim needs did not run.
@@ -20,9 +21,10 @@ static task's is Madsen & Johansen's 100 seeds x 5e6 steps).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence, Tuple
 
+from .costs import estimated_hours, fmt_hours
 from .registry import get
 
 __all__ = ["Budget", "verdict", "published_budget", "run_budget", "fmt_steps", "VERDICT_RULE",
@@ -57,6 +59,9 @@ class Budget:
 
     seeds: int
     steps: float
+    # A published budget's cost: estimated hours on one CPU core to run the claim's configurations of
+    # the experiment's ``paper`` profile (:mod:`.costs`); None where unknown. Not part of ``covers``.
+    hours: Optional[float] = field(default=None, compare=False)
 
     def covers(self, other: "Budget") -> bool:
         """At least ``other``'s seeds and at least its steps."""
@@ -93,7 +98,7 @@ def _paper_budgets(experiment: str) -> Tuple[Tuple[Tuple[str, ...], int, float],
     for c in cfgs:
         p = c.params or {}
         keys = tuple(str(p[k]) for k in ("model", "agent", "head", "final") if p.get(k) is not None) + (c.name,)
-        out.append((keys, int(c.seeds), float(c.steps)))
+        out.append((keys, int(c.seeds), float(c.steps), estimated_hours([c])))
     return tuple(out)
 
 
@@ -106,13 +111,14 @@ def published_budget(experiment: str, models: Sequence[str] = ()) -> Optional[Bu
         declared = get(experiment).published_budget
     except ValueError:  # unknown experiment: its paper profile's, none
         declared = None
-    if declared is not None:
-        return Budget(*declared)
     rows = _paper_budgets(experiment)
+    chosen = [r for r in rows if any(m in r[0] for m in models)] or list(rows)
+    hours = sum(r[3] for r in chosen) if chosen else None
+    if declared is not None:
+        return Budget(*declared, hours=hours)
     if not rows:
         return None
-    chosen = [r for r in rows if any(m in r[0] for m in models)] or list(rows)
-    return Budget(max(r[1] for r in chosen), max(r[2] for r in chosen))
+    return Budget(max(r[1] for r in chosen), max(r[2] for r in chosen), hours=hours)
 
 
 def verdict(holds: Optional[bool], budget: Optional[Budget], published: Optional[Budget], *,
@@ -141,4 +147,6 @@ def verdict(holds: Optional[bool], budget: Optional[Budget], published: Optional
         return f"{b(word)} (at the published budget: {budget}; published {published.short()})"
     ours = "budget unknown" if budget is None else str(budget)
     pub = "no published budget" if published is None else f"published {published.short()}"
+    if published is not None and published.hours is not None:
+        pub += f", which would take {fmt_hours(published.hours)} on one CPU core"
     return f"{b(INCONCLUSIVE)} ({ours}; {pub})"

@@ -201,7 +201,8 @@ def test_list_hours_follow_the_measured_rate():
     (nac_add,) = [c for c in static.profile_configs("standard") if c.name == "standard-nac-add"]
     assert 1396 / 1.5 < distributed.estimated_hours([nac_add]) * 3600 < 1396 * 1.5
     assert distributed.estimated_hours([nac_add], ranks=2) == distributed.estimated_hours([nac_add]) / 2
-    assert cli._hours(0.001) == "<1 min" and cli._hours(0.5) == "~30 min" and cli._hours(4.63) == "~4.6 h"
+    from nalu_cuda.experiments.costs import fmt_hours
+    assert fmt_hours(0.001) == "<1 min" and fmt_hours(0.5) == "~30 min" and fmt_hours(4.63) == "~4.6 h"
 
 
 def test_every_command_takes_profile_and_its_help_shows_the_defaults(capsys):

@@ -37,6 +37,12 @@ def test_budgets_come_from_the_paper_profiles():
     assert published_budget("identity", ["nalu"]) == Budget(100, 50_000)
     assert published_budget("recurrent", ["nac"]) == Budget(100, 500_000)
     assert published_budget("no-such-experiment") is None
+    # an inconclusive verdict says what the published budget would cost here (experiments.costs)
+    pub = published_budget("identity", ["nalu"])
+    assert pub.hours is not None and pub.hours > 0
+    v = verdict(False, Budget(8, 3000), pub)
+    assert "inconclusive" in v and "which would take ~" in v and "on one CPU core" in v
+    assert published_budget("static", ["nalu"]).hours > published_budget("identity", ["nalu"]).hours
     cells = [{"seeds": 8, "steps": 5000}, {"seeds": 16, "steps": 3000}]
     assert run_budget(cells) == Budget(8, 3000)
 
@@ -95,7 +101,7 @@ def test_a_failing_nmu_reads_as_a_failure(tmp_path):
     # the normalised extrapolation error cannot separate success from failure on this scale: not shown
     assert cells[cols.index("extrap. error (normalised)")] == "-"
     claim = next(line for line in text.splitlines() if "NMU model (NAU -> NMU) solves a * b" in line)
-    assert "inconclusive at this budget** (4 seeds x 2e4 steps; published 100 x 5e6)" in claim
+    assert "inconclusive at this budget** (4 seeds x 2e4 steps; published 100 x 5e6, which would take ~" in claim
     # at the published budget the same failure is final
     s = _static_cell("nmu", "mul", 0.0, 5_000_000, 100, 170.0, 0.16, base=1e8)
     results = [ConfigResult(Config("static", "nmu", 100, 5_000_000, {"model": "nmu"}), [], s, {}, 1.0,
@@ -140,7 +146,7 @@ def test_identity_prelu_at_0_6_percent_extrapolates_and_the_unit_claim_is_budget
     assert "**does not hold**" in mlp and "inconclusive" not in mlp  # an MLP extrapolated: final
     assert "5% of the mean" in mlp  # the stated threshold
     nalu = next(line for line in text.splitlines() if "NALU stack represents the identity" in line)
-    assert "inconclusive at this budget** (8 seeds x 5e3 steps; published 100 x 5e4)" in nalu
+    assert "inconclusive at this budget** (8 seeds x 5e3 steps; published 100 x 5e4, which would take ~" in nalu
     # where every MLP fails outside, the claim holds only at the published budget (more training could
     # teach a PReLU the identity), or structurally for bounded nonlinearities
     results = [_identity_result("prelu", 0.02, 100.0), _identity_result("tanh", 0.03, 480.0)]

@@ -22,7 +22,7 @@ import torch
 
 from ..argtypes import finite_float, positive_float
 from ..params import task_params
-from ..distributed import MLP_FACTOR
+from ..costs import MLP_FACTOR
 from ..parts import arithmetic_data as ar
 from ..parts.arithmetic_models import ACTIVATIONS, StackedNet, check_model, member_generators
 from ..parts.training import EvalSet, train_ensemble

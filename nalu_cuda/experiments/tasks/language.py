@@ -512,7 +512,7 @@ def memory_needs(config: registry.Config) -> List[Need]:
                  max(size(float(e), float(h)) for e, h in p.sizes))]
 
 
-# Cost per seed-step relative to the static task (distributed.estimated_cost), measured with
+# Cost per seed-step relative to the static task (costs.estimated_cost), measured with
 # `OMP_NUM_THREADS=1 python benchmarks/cost_factors.py --sequence` (paper configurations, CPU time
 # against static's standard-nac-add in the same run; 2-core shared CPU, 1 thread; benchmarks/RESULTS.md
 # section 18). A configuration's steps count once for its two layer sizes (each trained that long).

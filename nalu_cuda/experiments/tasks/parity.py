@@ -283,7 +283,7 @@ def memory_needs(config: registry.Config) -> List[Need]:
             Need("the CNN and its optimiser", "--digits, --seeds", E * C2 * pix / 16 * p.hidden * FLOAT * ADAM)]
 
 
-# Cost per seed-step relative to the static task (distributed.estimated_cost), measured with
+# Cost per seed-step relative to the static task (costs.estimated_cost), measured with
 # `OMP_NUM_THREADS=1 python benchmarks/cost_factors.py --sequence` (paper configurations, CPU time
 # against static's standard-nac-add in the same run; 2-core shared CPU, 1 thread; benchmarks/RESULTS.md
 # section 18).
