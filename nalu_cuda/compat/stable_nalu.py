@@ -175,22 +175,23 @@ class _StableUnit:
             for store, x in zip(self._z_inputs, inputs):
                 store.append(x)
 
-    def _z(self, path: int, W: Tensor):
+    def _z(self, path: int):
         """Their ``RegualizerNAUZ`` / ``RegualizerNMUZ``: ``mean((1 - |W|) (0 - mean(x))^2)`` (NMU:
-        ``mean((1 - W) (1 - mean(x))^2)``) over the inputs stored since the last ``optimize``; 0 when
-        ``regualizer_z == 0`` (or nothing is stored)."""
+        ``mean((1 - W) (1 - mean(x))^2)``, ``W`` the path's weight ``_sn_weight(path)``) over the
+        inputs stored since the last ``optimize``; 0 when ``regualizer_z == 0`` (or nothing is stored),
+        without forming ``W`` (a NAC's ``tanh * sigmoid`` in the graph, for nothing)."""
         store = self._z_inputs[path] if getattr(self, "regualizer_z", 0) != 0 else None
         if not store:
             return 0
         x_mean = torch.mean(torch.cat([x.reshape(-1, x.shape[-1]) for x in store], dim=0), dim=0, keepdim=True)
-        Wt = _theirs(W)
+        Wt = _theirs(self._sn_weight(path))
         if self._z_target == 0.0:
             return torch.mean((1 - torch.abs(Wt)) * (0 - x_mean) ** 2)
         return torch.mean((1 - Wt) * (1 - x_mean) ** 2)
 
     def _own_regualizers(self) -> list:
         """``(writer, {key: value})`` per module of theirs, in their recursion's order."""
-        return [(self.writer, {"z": self._z(0, self._sn_weight(0))})]
+        return [(self.writer, {"z": self._z(0)})]
 
     def regualizer(self, merge_in: Optional[dict] = None) -> dict:
         """Their ``regualizer()``: each of their modules' entries logged as ``regualizer/{key}`` under its
@@ -344,7 +345,7 @@ class StableNALULayer(_StableUnit, NALU):
         out = [(self.writer, own)]
         nac_writers = self._nac_writers or [None] * len(self._z_inputs)
         for path, writer in enumerate(nac_writers):
-            out.append((writer, {"z": self._z(path, self._sn_weight(path))}))
+            out.append((writer, {"z": self._z(path)}))
         return out
 
 
@@ -393,7 +394,7 @@ class _StableProjected(_StableUnit):
             oob = 0
         else:
             oob = torch.mean(oob ** 2 if self.regualizer_shape == "squared" else oob)
-        return [(self.writer, {"W": bias, "z": self._z(0, self.W), "W-OOB": oob})]
+        return [(self.writer, {"W": bias, "z": self._z(0), "W-OOB": oob})]
 
     def optimize(self, loss) -> None:
         super().optimize(loss)
