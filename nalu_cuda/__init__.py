@@ -21,10 +21,7 @@ __all__ = ["BACKENDS", "functional", "reference", "regularizers", "init_presets"
            "has_extension", "build_info"]
 # every unit family's layers (NAC, NACMul, NALU; NAU, NMU, project_after_step; NPU, RealNPU, INALU):
 # its PUBLIC table
-for _family in ops.FAMILIES:
-    globals().update(_family.PUBLIC)
-    __all__ += list(_family.PUBLIC)
-del _family
+__all__ += ops.export(globals(), "PUBLIC")
 
 
 def has_extension() -> bool:

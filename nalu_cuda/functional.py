@@ -15,10 +15,6 @@ The functions live with their family's specification, fakes and flop formulas in
 """
 from __future__ import annotations
 
-from .ops import FAMILIES
+from .ops import export
 
-__all__: list = []
-for _family in FAMILIES:
-    globals().update(_family.FUNCTIONAL)
-    __all__ += list(_family.FUNCTIONAL)
-del _family
+__all__ = export(globals(), "FUNCTIONAL")

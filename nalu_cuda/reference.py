@@ -25,11 +25,8 @@ Conventions
 """
 from __future__ import annotations
 
-from .ops import FAMILIES
+from .ops import export
 from .ops._common import DEFAULT_EPS, scalar_problem
 
 __all__ = ["DEFAULT_EPS", "scalar_problem"]
-for _family in FAMILIES:
-    globals().update(_family.REFERENCE)
-    __all__ += list(_family.REFERENCE)
-del _family
+__all__ += export(globals(), "REFERENCE")

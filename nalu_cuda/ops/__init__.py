@@ -18,12 +18,23 @@ re-exports the names other code reads (``ops``, ``fast``, ``OP_NAMES``, ``KERNEL
 """
 from . import _common, nac_nalu, nau_nmu, power, training  # noqa: F401  (training: importing registers its fake)
 
-__all__ = ["FAMILIES", "nac_nalu", "nau_nmu", "power", "training"]
+__all__ = ["FAMILIES", "export", "nac_nalu", "nau_nmu", "power", "training"]
 
 # The unit families, in the order their names are listed: a new family is one module here (its
 # specification, fakes, flop formulas, wrappers, layers and the REFERENCE / FUNCTIONAL / PUBLIC tables
 # of its public names) and its entry in this tuple.
 FAMILIES = (nac_nalu, nau_nmu, power)
+
+
+def export(namespace: dict, table: str) -> list:
+    """Put every family's ``table`` (``"REFERENCE"``, ``"FUNCTIONAL"`` or ``"PUBLIC"``) into a module's
+    ``namespace`` (its ``globals()``); the names, for its ``__all__``."""
+    names = []
+    for family in FAMILIES:
+        entries = getattr(family, table)
+        namespace.update(entries)
+        names += list(entries)
+    return names
 
 if _common.ops is not None:
     for _family in FAMILIES:
