@@ -8,8 +8,10 @@ Each codebase's layer is re-implemented here from its published code (weights ``
   training set of 500 pairs (sums of 5 of 100 values in U[5, 10]) each step, MSE, RMSprop lr 1e-3.
 * ``stable-nalu``: stable-nalu's ``simple_function_static.py`` with ``--layer-type NALU``: two
   ``NALULayer`` (100 -> 2 -> 1, eps 1e-7, their ``NACWeight`` autograd function, the NAC called once
-  per path), batches of 128 inputs in U[1, 2], target a + b over overlapping subsets, MSE plus
-  the layers' regulariser, Adam lr 1e-3.
+  per path), batches of 128 inputs in U[1, 2], target a + b over overlapping subsets, Adam lr 1e-3,
+  and their script's loss: MSE plus its regulariser term over the network's ``regualizer()``
+  (their modules' entries merged by key, each NAC forming its weight for its NAU-z entry, 0 at
+  their default ``--regualizer-z 0``).
 * ``stable-nalu-options``: the same with every option of their ``NALULayer`` that nalu_cuda's has
   a counterpart for: ``nalu_two_nac=True`` (two NACs), ``nalu_bias=True`` (a gate bias) and
   ``nalu_gate='regualized'`` (their gate regulariser ``sum(g^2 (1 - g)^2)`` in the loss): nalu_cuda's
@@ -39,6 +41,7 @@ import math
 import os
 import statistics
 import sys
+from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
@@ -134,6 +137,28 @@ class StableNAC(nn.Module):
     def forward(self, x):
         return F.linear(x, NACWeight.apply(self.W_hat, self.M_hat))
 
+    def regualizer(self):
+        """Their ``NACLayer.regualizer``: forms ``W`` (with its graph) for the NAU-z term, which
+        their ``RegualizerNAUZ(zero=True)`` makes 0 at their default ``--regualizer-z 0``."""
+        NACWeight.apply(self.W_hat, self.M_hat)
+        return {"z": 0}
+
+
+def merged(own, children):
+    """Their ``ExtendedTorchModule.regualizer``: the module's own entries, then each child's, summed
+    by key into a ``defaultdict(int)``."""
+    out = defaultdict(int)
+    for entries in [own] + [child.regualizer() for child in children]:
+        for key, value in entries.items():
+            out[key] += value
+    return out
+
+
+def training_regualizer(r):
+    """Their ``simple_function_static.py`` loss term at their defaults (``--regualizer 10``,
+    ``--regualizer-z 0``, ``--regualizer-oob 1``; ``r_w_scale`` multiplies a 0 here)."""
+    return 10 * 1.0 * r["W"] + r["g"] + 0 * r["z"] + 1 * r["W-OOB"]
+
 
 class StableNALU(nn.Module):
     """Their ``NALULayer`` with its options: ``nalu_two_nac`` (a second NAC for the multiplicative
@@ -152,10 +177,11 @@ class StableNALU(nn.Module):
         self._last_gate = None
 
     def regualizer(self):
-        if self.nalu_gate != "regualized":
-            return {}  # nalu_gate='normal': no gate term (their ExtendedTorchModule returns a dict)
-        g = self._last_gate
-        return {"g": torch.sum(g ** 2 * (1 - g) ** 2)}
+        own = {}
+        if self.nalu_gate == "regualized":
+            g = self._last_gate
+            own["g"] = torch.sum(g ** 2 * (1 - g) ** 2)
+        return merged(own, [self.nac_add] + ([] if self.nac_mul is None else [self.nac_mul]))
 
     def forward(self, x):
         g = torch.sigmoid(F.linear(x, self.G_add, self.bias_add))
@@ -168,7 +194,8 @@ class StableNALU(nn.Module):
 
 
 class StableNet(nn.Module):
-    """SimpleFunctionStaticNetwork: two layers, loss = MSE + the layers' regulariser."""
+    """SimpleFunctionStaticNetwork: two layers; their script's loss is MSE + ``training_regualizer``
+    of the network's merged ``regualizer()``."""
 
     def __init__(self, layer):
         super().__init__()
@@ -178,7 +205,7 @@ class StableNet(nn.Module):
         return self.layer_2(self.layer_1(x))
 
     def regualizer(self):
-        return sum(sum(m.regualizer().values()) for m in (self.layer_1, self.layer_2))
+        return merged({}, [self.layer_1, self.layer_2])
 
 
 def stable_data(gen, batches=64):
@@ -216,7 +243,7 @@ def make_step(model, opt, batches, with_reg):
         opt.zero_grad()
         loss = F.mse_loss(model(x), t)
         if with_reg:
-            loss = loss + model.regualizer()
+            loss = loss + training_regualizer(model.regualizer())
         loss.backward()
         opt.step()
         return loss.detach()

@@ -56,6 +56,11 @@ Tensor nalu(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const Opt
   return std::get<0>(nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, G_bias));
 }
 
+Tensor nalu_gate_regularizer(const Tensor& g, bool per_member) {
+  static auto op = find_op<Tensor(const Tensor&, bool)>("nalu_cuda::nalu_gate_regularizer");
+  return op.call(g, per_member);
+}
+
 // The same call returning (y, a, m, g), all differentiable: functional.nalu_parts.
 std::tuple<Tensor, Tensor, Tensor, Tensor> nalu_parts(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
                                                       const OptTensor& W_hat_m, const OptTensor& M_hat_m,
@@ -118,6 +123,8 @@ PYBIND11_MODULE(_C, m) {
       pybind11::arg("G_bias") = pybind11::none());
   std::apply([&](auto... a) { m.def("nalu", &nalu, release(), a...); }, nalu_args);
   std::apply([&](auto... a) { m.def("nalu_parts", &nalu_parts, release(), a...); }, nalu_args);
+  m.def("nalu_gate_regularizer", &nalu_gate_regularizer, release(), pybind11::arg("g"),
+        pybind11::arg("per_member") = false);
   m.def("nau", &nau, release());
   m.def("nmu", &nmu, release());
   // The training data of nalu_cuda.experiments.arithmetic.UniformStream (csrc/experiments/cpu/uniform_fill.h).

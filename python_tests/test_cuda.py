@@ -236,6 +236,28 @@ def test_gate_bias_and_part_gradients(E, O, tied, dtype):
         assert_close(u, v, dtype, f"grad {what}", grad=True)
 
 
+@pytest.mark.parametrize("per_member", [False, True], ids=["sum", "per-member"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+def test_gate_regularizer(per_member, dtype):
+    """nalu_gate_regularizer and its backward (ATen ops on g's device, float32 for float16/bfloat16)
+    against the float64 reference; a gradient through nalu_parts' gate."""
+    g64 = torch.sigmoid(torch.randn(3, 40, 2, dtype=torch.float64) * 2)
+    g = g64.to(device=DEV, dtype=dtype).requires_grad_()
+    g_ref = g.detach().double().cpu().requires_grad_()
+    r = F.nalu_gate_regularizer(g, per_member)
+    r_ref = R.nalu_gate_regularizer(g_ref, per_member)
+    assert r.dtype == dtype and r.device.type == torch.device(DEV).type and r.shape == r_ref.shape
+    w = torch.randn(r_ref.shape, dtype=torch.float64)
+    (grad,) = torch.autograd.grad((r * w.to(device=DEV, dtype=dtype)).sum(), g)
+    (grad_ref,) = torch.autograd.grad((r_ref * w).sum(), g_ref)
+    if dtype in LOW:  # one rounding of the result and of each gradient element
+        torch.testing.assert_close(r.detach().double().cpu(), r_ref.detach(), rtol=1e-2, atol=LOW_FLOOR[dtype])
+        torch.testing.assert_close(grad.double().cpu(), grad_ref, rtol=1e-2, atol=LOW_FLOOR[dtype])
+    else:
+        assert_close(r.detach(), r_ref.detach(), dtype, "value")
+        assert_close(grad, grad_ref, dtype, "grad", grad=True)
+
+
 def _uniform(shape, low, high):
     return torch.rand(shape, dtype=torch.float64) * (high - low) + low
 

@@ -8,7 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from ..modules import NAC, NALU, NAU, NMU
-from ..reference import DEFAULT_EPS
+from ..functional import nalu_gate_regularizer
+from ..reference import DEFAULT_EPS, nalu_gate_regularizer as reference_gate_regularizer
 from .common import (StateDict, _UNIT_KEYS, _fail, _need, _ours, _ours_out, _prefix_hint, _state_dict, _t, _take,
                      _theirs_out, _unexpected)
 from .kevinzakka import _KZ_NALU, _from_kevinzakka
@@ -142,6 +143,15 @@ def _theirs(W: Tensor) -> Tensor:
     return W.t().contiguous()
 
 
+def _merge(out: dict, key: str, value) -> None:
+    """``out[key] += value`` as their ``defaultdict(int)`` sums, without the op of ``0 + value``
+    for a key's first tensor (the same value: these terms are sums of squares or 0)."""
+    if key in out:
+        out[key] += value
+    else:
+        out[key] = value
+
+
 class _StableUnit:
     """What stable-nalu's training loop calls on a unit (``ExtendedTorchModule``'s methods), and their
     layers' side effects: the writer's logs and the ``regualizer_z`` input store.
@@ -200,12 +210,12 @@ class _StableUnit:
         for key, value in (merge_in or {}).items():
             if self._logging():
                 self.writer.add_scalar(f"regualizer/{key}", value)
-            out[key] += value
+            _merge(out, key, value)
         for writer, entries in self._own_regualizers():
             for key, value in entries.items():
                 if _writer_on(writer):
                     writer.add_scalar(f"regualizer/{key}", value)
-                out[key] += value
+                _merge(out, key, value)
         return out
 
     def optimize(self, loss) -> None:
@@ -340,8 +350,8 @@ class StableNALULayer(_StableUnit, NALU):
             if self.parts is None:  # their stored gate before any forward: tensor([0])
                 own["g"] = torch.zeros((), dtype=self.G.dtype, device=self.G.device)
             else:
-                g = self.parts.g
-                own["g"] = torch.sum(g ** 2 * (1 - g) ** 2)
+                g = self.parts.g  # theirs: sum(g^2 (1 - g)^2), here one fused op on the fused backend
+                own["g"] = (nalu_gate_regularizer if self.use_fused(g) else reference_gate_regularizer)(g)
         out = [(self.writer, own)]
         nac_writers = self._nac_writers or [None] * len(self._z_inputs)
         for path, writer in enumerate(nac_writers):

@@ -4,7 +4,8 @@
   without running them), with the checks and messages of ``csrc/ops/nac_nalu/checks.cpp``;
 * the flop-counter formulas (``torch.utils.flop_counter``) of its ops;
 * the thin wrappers, the fused ops as differentiable functions (:func:`nac_weight`, :func:`nac`,
-  :func:`nac_mul`, :func:`nalu`, :func:`nalu_parts`: :mod:`nalu_cuda.functional`'s);
+  :func:`nac_mul`, :func:`nalu`, :func:`nalu_parts`, :func:`nalu_gate_regularizer`:
+  :mod:`nalu_cuda.functional`'s);
 * the specification they are tested against, with the same signatures (:func:`reference_nac`, ...:
   :mod:`nalu_cuda.reference`'s ``nac``, ...), and the conventions it shares with them
   (:class:`NaluParts`, :data:`GATES`, :func:`log_abs`).
@@ -122,6 +123,18 @@ def reference_nalu_parts(
     return g_b * a + (1 - g_b) * m, a, m, g
 
 
+def reference_nalu_gate_regularizer(g: Tensor, per_member: bool = False) -> Tensor:
+    """The gate regulariser ``sum(g^2 (1 - g)^2)`` (stable-nalu's ``nalu_gate='regualized'``: 0 exactly
+    when every gate value is 0 or 1), over every element of ``g``, or with ``per_member`` one value
+    per member of an ensemble's ``g`` ``(E, ...)``: ``(E,)``. ``g`` is a NALU's gate,
+    :class:`NaluParts`' ``g``."""
+    if per_member and g.dim() == 0:
+        raise ValueError("nalu_cuda.reference.nalu_gate_regularizer: argument 'g' must have a leading member "
+                         "dimension (E, ...) with per_member=True, got shape []")
+    v = g ** 2 * (1 - g) ** 2
+    return v.flatten(1).sum(1) if per_member and g.dim() > 1 else v if per_member else v.sum()
+
+
 def reference_nalu(
     x: Tensor,
     W_hat: Tensor,
@@ -193,6 +206,14 @@ def _nalu_out_shape(op: str, x: Tensor, W_hat: Tensor, M_hat: Tensor, W_hat_m: O
     return shape
 
 
+def _gate_regularizer_shape(op: str, g: Tensor, per_member: bool) -> list:
+    """The checks of ``csrc/ops/nac_nalu/checks.cpp``'s ``check_gate_regularizer``; the result's shape."""
+    _check_float(op, "g", g)
+    if per_member and g.dim() == 0:
+        _fail(op, "argument 'g' must have a leading member dimension (E, ...) with per_member=True, got shape []")
+    return [g.shape[0]] if per_member else []
+
+
 def _register_fakes() -> None:
     reg = torch.library.register_fake
 
@@ -229,6 +250,19 @@ def _register_fakes() -> None:
         shape = _nalu_out_shape("nalu_forward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps, G_bias)
         g = x.new_empty(shape) if input_gate else _like(G)
         return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape), g, _like(x)
+
+    @reg("nalu_cuda::nalu_gate_regularizer")
+    def _(g, per_member=False):
+        return g.new_empty(_gate_regularizer_shape("nalu_gate_regularizer", g, per_member))
+
+    @reg("nalu_cuda::nalu_gate_regularizer_backward")
+    def _(grad, g, per_member=False):
+        op = "nalu_gate_regularizer_backward"
+        shape = _gate_regularizer_shape(op, g, per_member)
+        if list(grad.shape) != shape:
+            _fail(op, f"argument 'grad' must have the regulariser's shape {shape}, got {list(grad.shape)}")
+        _check_match(op, "grad", grad, "g", g)
+        return _like(g)
 
     @reg("nalu_cuda::nalu_backward")
     def _(grad_y, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, eps, input_gate, compute_grad_x, G_bias=None,
@@ -350,6 +384,16 @@ def nalu_parts(
         return fast.nalu_parts(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input", G_bias)
     y, a, m, g, _lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input", G_bias)
     return y, a, m, g
+
+
+def nalu_gate_regularizer(g: Tensor, per_member: bool = False) -> Tensor:
+    """The gate regulariser ``sum(g^2 (1 - g)^2)`` as one fused op and one autograd node (see
+    :func:`nalu_cuda.reference.nalu_gate_regularizer`): its gradient ``2 g (1 - g) (1 - 2 g)`` reaches
+    the gate, e.g. :func:`nalu_parts`' ``g``, whose fused backward takes it as ``grad_g``."""
+    fast = _fast(g)
+    if fast is not None:
+        return fast.nalu_gate_regularizer(g, per_member)
+    return _ops_or_raise().nalu_gate_regularizer(g, per_member)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -500,7 +544,8 @@ class NALU(_ArithmeticLayer):
 # What this family adds to the public names: nalu_cuda.reference, nalu_cuda.functional and the
 # package itself list these (nalu_cuda.ops.FAMILIES).
 REFERENCE = {"nac_weight": reference_nac_weight, "log_abs": log_abs, "nac": reference_nac, "nac_mul": reference_nac_mul,
-             "nalu": reference_nalu, "nalu_parts": reference_nalu_parts, "NaluParts": NaluParts, "GATES": GATES}
+             "nalu": reference_nalu, "nalu_parts": reference_nalu_parts, "NaluParts": NaluParts, "GATES": GATES,
+             "nalu_gate_regularizer": reference_nalu_gate_regularizer}
 FUNCTIONAL = {"nac_weight": nac_weight, "nac": nac, "nac_mul": nac_mul, "nalu": nalu, "nalu_parts": nalu_parts,
-              "NaluParts": NaluParts}
+              "NaluParts": NaluParts, "nalu_gate_regularizer": nalu_gate_regularizer}
 PUBLIC = {"NAC": NAC, "NACMul": NACMul, "NALU": NALU}

@@ -319,6 +319,33 @@ Tensor nac_forward_autograd(const Tensor& x, const Tensor& W_hat, const Tensor& 
   return NacFunction::apply(x, W_hat, M_hat);
 }
 
+// The gate regulariser: one node; its backward is nalu_gate_regularizer_backward, or under
+// create_graph the same formula, grad 2 g (1 - g) (1 - 2 g), in differentiable ATen ops.
+class GateRegularizerFunction : public torch::autograd::Function<GateRegularizerFunction> {
+ public:
+  static Tensor forward(AutogradContext* ctx, const Tensor& g, bool per_member) {
+    static auto op = find_op<Tensor(const Tensor&, bool)>("nalu_cuda::nalu_gate_regularizer");
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->save_for_backward({g});
+    ctx->saved_data["per_member"] = per_member;
+    return op.call(g, per_member);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static auto op = find_op<Tensor(const Tensor&, const Tensor&, bool)>("nalu_cuda::nalu_gate_regularizer_backward");
+    const Tensor g = ctx->get_saved_variables()[0];
+    const bool per_member = ctx->saved_data["per_member"].toBool();
+    if (!at::GradMode::is_enabled()) return {op.call(grads[0], g, per_member), Tensor()};
+    std::vector<int64_t> grad_shape(static_cast<size_t>(g.dim()), 1);  // grad broadcast over g
+    if (per_member) grad_shape[0] = g.size(0);
+    const Tensor h = g - g * g;
+    return {grads[0].reshape(grad_shape) * 2 * h * (1 - 2 * g), Tensor()};
+  }
+};
+
+Tensor nalu_gate_regularizer_autograd(const Tensor& g, bool per_member) {
+  return GateRegularizerFunction::apply(g, per_member);
+}
+
 std::tuple<Tensor, Tensor> nac_mul_forward_autograd(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
                                                     double eps) {
   auto r = NacMulFunction::apply(x, W_hat, M_hat, NacMulScalars{eps});
@@ -342,6 +369,7 @@ TORCH_LIBRARY_IMPL(nalu_cuda, Autograd, m) {
   m.impl("nac_forward", &nac_forward_autograd);
   m.impl("nac_mul_forward", &nac_mul_forward_autograd);
   m.impl("nalu_forward", &nalu_forward_autograd);
+  m.impl("nalu_gate_regularizer", &nalu_gate_regularizer_autograd);
 }
 
 }  // namespace nalu_cuda

@@ -100,4 +100,20 @@ void check_part_grads(const char* op, const PartGrads& pg, const at::Tensor& x, 
   if (pg.g.defined()) check_like(op, "grad_g", pg.g, g.sizes(), x);
 }
 
+std::vector<int64_t> check_gate_regularizer(const char* op, const at::Tensor& g, bool per_member,
+                                            const at::Tensor& grad) {
+  check_floating(op, "g", g);
+  TORCH_CHECK(!per_member || g.dim() >= 1, op,
+              ": argument 'g' must have a leading member dimension (E, ...) with per_member=True, got shape ",
+              sizes_str(g.sizes()));
+  std::vector<int64_t> out;
+  if (per_member) out.push_back(g.size(0));
+  if (grad.defined()) {
+    TORCH_CHECK(grad.sizes() == at::IntArrayRef(out), op, ": argument 'grad' must have the regulariser's shape ",
+                sizes_str(out), ", got ", sizes_str(grad.sizes()));
+    check_matches(op, "grad", grad, "g", g);
+  }
+  return out;
+}
+
 }  // namespace nalu_cuda

@@ -14,6 +14,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <vector>
+
 #include "common/checks.h"
 #include "common/layer_types.h"
 
@@ -80,5 +82,11 @@ void check_saved(const char* op, const LayerKind& kind, const LayerShape& s, con
 // Checks the gradients given for a NALU forward's kept parts: each like the part it is for.
 void check_part_grads(const char* op, const PartGrads& pg, const at::Tensor& x, const at::Tensor& a,
                       const at::Tensor& m, const at::Tensor& g);
+
+// Checks the gate g of nalu_gate_regularizer (floating; with per_member, a leading member dimension)
+// and, for its backward, grad (the regulariser's shape, g's dtype and device); returns that shape:
+// [] or [E].
+std::vector<int64_t> check_gate_regularizer(const char* op, const at::Tensor& g, bool per_member,
+                                            const at::Tensor& grad = at::Tensor());
 
 }  // namespace nalu_cuda

@@ -1,6 +1,6 @@
 // ops.h: the NAC/NALU ops' entry points, written once for every device: one C++ signature
 // per op (matching its schema in csrc/ops/nac_nalu/schema.cpp), the shared argument checks, and the
-// registration of the eight kernels under a device's dispatch key.
+// registration of the ten kernels under a device's dispatch key.
 //
 // Each entry point gathers the op's scalar arguments into one LayerArgs (csrc/common/layer_types.h:
 // the kind, eps, compute_grad_x), once, and every layer below passes that struct on unchanged.
@@ -14,6 +14,8 @@
 //   static at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat);
 //   static std::tuple<at::Tensor, at::Tensor> weight_backward(const at::Tensor& grad_W,
 //                                                            const at::Tensor& W_hat, const at::Tensor& M_hat);
+//   static at::Tensor gate_regularizer(const at::Tensor& g, at::IntArrayRef out);  // out: [] or [E]
+//   static at::Tensor gate_regularizer_backward(const at::Tensor& grad, const at::Tensor& g);
 // all called with checked arguments (the parameters contiguous and owned by the LayerParams for the
 // whole call), and registers the ops with `LayerOps<Dev>::register_kernels(m)` in its
 // TORCH_LIBRARY_IMPL. So adding a scalar argument to an op touches its schema, its signature here
@@ -27,6 +29,7 @@
 #include <torch/library.h>
 
 #include <tuple>
+#include <vector>
 
 #include "ops/nac_nalu/checks.h"
 
@@ -116,6 +119,21 @@ struct LayerOps {
     return {r.grad_x, r.grad_W_hat, r.grad_M_hat, r.grad_W_hat_m, r.grad_M_hat_m, r.grad_G, r.grad_G_bias};
   }
 
+  // The gate regulariser sum(g^2 (1 - g)^2), over all of g or per member (schema.cpp).
+  static Tensor nalu_gate_regularizer(const Tensor& g, bool per_member) {
+    const char* op = "nalu_cuda::nalu_gate_regularizer";
+    const std::vector<int64_t> out = check_gate_regularizer(op, g, per_member);
+    Dev::check_input(op, "g", g);
+    return Dev::gate_regularizer(g.contiguous(), out);
+  }
+
+  static Tensor nalu_gate_regularizer_backward(const Tensor& grad, const Tensor& g, bool per_member) {
+    const char* op = "nalu_cuda::nalu_gate_regularizer_backward";
+    check_gate_regularizer(op, g, per_member, grad);
+    Dev::check_input(op, "g", g);
+    return Dev::gate_regularizer_backward(grad.contiguous(), g.contiguous());
+  }
+
   static void register_kernels(torch::Library& m) {
     m.impl("nac_weight", &nac_weight);
     m.impl("nac_weight_backward", &nac_weight_backward);
@@ -125,6 +143,8 @@ struct LayerOps {
     m.impl("nac_mul_backward", &nac_mul_backward);
     m.impl("nalu_forward", &nalu_forward);
     m.impl("nalu_backward", &nalu_backward);
+    m.impl("nalu_gate_regularizer", &nalu_gate_regularizer);
+    m.impl("nalu_gate_regularizer_backward", &nalu_gate_regularizer_backward);
   }
 
  private:

@@ -51,6 +51,13 @@ constexpr const char* kSchemas[] = {
       " Tensor? M_hat_m, Tensor G, Tensor a, Tensor m, Tensor g, Tensor lx, float eps, bool input_gate,"
       " bool compute_grad_x, Tensor? G_bias=None, Tensor? grad_a=None, Tensor? grad_m=None,"
       " Tensor? grad_g=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+
+  // The gate regulariser sum(g^2 (1 - g)^2) over every element of a gate g (stable-nalu's
+  // nalu_gate='regualized': it pushes each gate value to 0 or 1): a 0-dim tensor, or with
+  // per_member one value per member of an ensemble's g (E, ...): (E,).
+  "nalu_gate_regularizer(Tensor g, bool per_member=False) -> Tensor",
+  // grad_g = grad 2 g (1 - g) (1 - 2 g), grad of the regulariser's shape.
+  "nalu_gate_regularizer_backward(Tensor grad, Tensor g, bool per_member=False) -> Tensor",
 };
 
 }  // namespace

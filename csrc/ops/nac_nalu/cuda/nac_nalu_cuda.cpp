@@ -48,8 +48,30 @@ LayerPtrs layer_ptrs(const Tensor& x, const LayerParams& p) {
 }
 
 // The CUDA device of the ops' entry points (csrc/ops/nac_nalu/ops.h): parameters arrive contiguous.
+// The gate regulariser (ops.h) in ATen ops on g's device and stream, computed in float32 for
+// float16/bfloat16 (float64 for float64): an elementwise term of the loss, small next to the layer,
+// not worth a kernel of its own. g is viewed as (members, n) for a regulariser of shape `out`.
+Tensor gate_terms(const Tensor& g, at::IntArrayRef out, bool backward) {
+  const Tensor gf = g.scalar_type() == at::kDouble ? g : g.to(at::kFloat);
+  const int64_t members = out.empty() ? 1 : out[0];
+  const Tensor v = gf.reshape({members, members == 0 ? 0 : g.numel() / members});
+  const Tensor h = v.sub(v.mul(v));
+  return backward ? h.mul(v.mul(-2).add(1)).mul(2) : h.mul(h);
+}
+
 struct Cuda {
   static void check_input(const char* op, const char* name, const Tensor& t) { check_cuda_input(op, name, t); }
+
+  static Tensor gate_regularizer(const Tensor& g, at::IntArrayRef out) {
+    const c10::cuda::CUDAGuard guard(g.device());
+    return at::sum(gate_terms(g, out, false), {1}).reshape(out).to(g.scalar_type());
+  }
+
+  static Tensor gate_regularizer_backward(const Tensor& grad, const Tensor& g) {
+    const c10::cuda::CUDAGuard guard(g.device());
+    const Tensor d = gate_terms(g, grad.sizes(), true);
+    return d.mul(grad.reshape({d.size(0), 1}).to(d.scalar_type())).reshape(g.sizes()).to(g.scalar_type());
+  }
 
   static Forward forward(const LayerArgs& args, const LayerShape& s, const Tensor& x_in, const LayerParams& p) {
     const LayerKind& kind = args.kind;
