@@ -199,9 +199,9 @@ def test_the_cli_flag_is_a_stored_option_only_off_its_default():
 
     default = static_config("nac", ["add"], 2, 10)
     assert "native" not in default.params
-    assert static_config("nac", ["add"], 2, 10, native=True).fingerprint() == default.fingerprint()
-    assert static_config("nac", ["add"], 2, 10, native=False).params["native"] is False
-    assert ar.STEP_DEFAULTS["native"] is True
+    assert static_config("nac", ["add"], 2, 10, native=False).fingerprint() == default.fingerprint()
+    assert static_config("nac", ["add"], 2, 10, native=True).params["native"] is True
+    assert ar.STEP_DEFAULTS["native"] is False
 
 
 def _error(**changes):

@@ -15,8 +15,8 @@ CPU in float32 or float64, trained by a plain :class:`~.optim.FlatAdam` (one lea
 clipping) over exactly the model's parameters, from ``batch_fn`` (not resident), with no module or
 parameter hooks and none of the trainer's hooks but the ones :func:`.arithmetic_models.training_hooks`
 builds for the model. Otherwise the autograd step runs, which is also the reference the native step
-is tested against (``python_tests/test_native_step.py``). ``train_ensemble(native=False)`` (the
-tasks' ``--autograd-step``) forces it.
+is tested against (``python_tests/test_native_step.py``) and the default: the native step runs only
+with ``train_ensemble(native=True)`` (the static task's ``--native-step``).
 """
 from __future__ import annotations
 

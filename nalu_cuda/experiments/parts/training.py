@@ -303,15 +303,17 @@ class StepOptions:
     on a side stream) and replayed; ``graph`` needs ``resident`` and no ``regularizer``,
     ``lr_milestones`` or ``reinit`` (host-side schedules would be frozen into the graph).
 
-    ``native`` (the default): where the model is one the native step implements (the static task's
-    NAC, NALU and NMU models on the CPU, :mod:`.native_step`), each step (not resident) is one native
-    call (``nalu_cuda::static_ensemble_step``) instead of the autograd step; the same numbers up to
-    float rounding (``python_tests/test_native_step.py`` states the tolerances). ``native=False``
-    forces the autograd step (:meth:`EnsembleTraining.eager_step`), the reference."""
+    ``native``: where the model is one the native step implements (the static task's NAC, NALU and
+    NMU models on the CPU, :mod:`.native_step`), each step (not resident) is one native call
+    (``nalu_cuda::static_ensemble_step``) instead of the autograd step; the same numbers up to float
+    rounding (``python_tests/test_native_step.py`` states the tolerances). Off by default (the
+    autograd step, :meth:`EnsembleTraining.eager_step`, the reference and the published runs'
+    numbers): at 100 members on one core it is not yet faster than the autograd step with the fused
+    layers (benchmarks/RESULTS.md, section 20)."""
 
     resident: bool = False
     graph: bool = False
-    native: bool = True
+    native: bool = False
 
 
 @dataclass
@@ -679,7 +681,7 @@ def train_ensemble(
     graph: bool = False,
     optimizer: Optional[Any] = None,
     regularizer_steps: Sequence[str] = (),
-    native: bool = True,
+    native: bool = False,
 ) -> TrainResult:
     """Train the ensemble ``model`` for ``steps`` steps: :class:`EnsembleTraining` with these options.
 
