@@ -106,7 +106,7 @@ def add_step_arguments(parser) -> None:
                         help="with --stream counter on CUDA: run the step eagerly instead of replaying it as a CUDA graph")
     parser.add_argument("--native-step", dest="native", action="store_true",
                         help="train the static task's nac, nalu and nmu models on the CPU with the native one-call step "
-                             "instead of the autograd step (the default; the same numbers up to float rounding)
+                             "instead of the autograd step (the default; the same numbers up to float rounding)")
 
 
 def add_model_op_arguments(parser, models: Sequence[str]) -> None:
