@@ -45,8 +45,10 @@ def main() -> int:
                         f"TRAINING_OP_NAMES {sorted(known)}")
     forward_ops = {"nac_weight", "nac_forward", "nac_mul_forward", "nalu_forward"}
     for op in sorted(set(schema_ops) | known):
-        if op in _ops.TRAINING_OP_NAMES:  # CUDA kernels only (FlatAdam uses tensor ops elsewhere)
-            keys = ["CUDA"]
+        if op in _ops.TRAINING_OP_NAMES:
+            # each for one device: flat_adam_step_resident CUDA (FlatAdam uses tensor ops elsewhere),
+            # the static step CPU (static_ensemble_*; on CUDA the resident step)
+            keys = ["CPU"] if op.startswith("static_ensemble_") else ["CUDA"]
         else:
             keys = ["CUDA", "CPU", "AutocastCUDA"] + (["Autograd"] if op in forward_ops else [])
         for key in keys:

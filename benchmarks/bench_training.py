@@ -14,7 +14,10 @@ once the regulariser has started):
 * ``E=1 reference``: one seed, eager pure-PyTorch layers. Training 100 seeds one after another
   (how the published protocol ran them) costs 100 times one such run; that is the baseline.
 * ``E=1 fused``: one seed, the fused kernels.
-* ``E=100 reference`` / ``E=100 fused``: 100 seeds as one ensemble.
+* ``E=100 reference`` / ``E=100 fused``: 100 seeds as one ensemble (``fused``: the fused layers
+  through autograd, train_ensemble's default step); ``E=100 fused-native``: the native one-call
+  step (``train_ensemble(native=True)``, ``parts/native_step.py``: forward, loss, backward,
+  divergence check and Adam in one native call).
 * ``plain loop``: a minimal single-seed script a user would write (``torch.rand`` batches,
   ``nn.Module`` layers without an ensemble dimension, ``torch.optim.Adam``, no divergence checks),
   to show the baseline is not handicapped by our trainer.
@@ -62,7 +65,7 @@ WARMUP_STEPS = 64  # untimed steps at the start of each measured run (4 chunks o
 
 
 def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: bool = True,
-                  fixed_batch: bool = False) -> float:
+                  fixed_batch: bool = False, native: bool = False) -> float:
     """Steps per second of train_ensemble for E seeds: `steps` steps timed after a warm-up of the
     same run (by then the data stream has its buffers and one chunk drawn ahead, as in any run of
     more than a few dozen steps; the published protocol runs 5e6)."""
@@ -91,7 +94,7 @@ def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: b
     try:
         # the regulariser at full strength from step 0 (NMU model): its costliest phase
         hooks = training_hooks(model, {"start": 0, "end": 1} if model_name == "nmu" else None, seeds)
-        train_ensemble(model, E, batch_fn, total, val, lr=1e-3, eval_every=total, ctx=ctx, **hooks)
+        train_ensemble(model, E, batch_fn, total, val, lr=1e-3, eval_every=total, ctx=ctx, native=native, **hooks)
     finally:
         stream.close()
     return steps / (time.perf_counter() - t0)
@@ -149,11 +152,17 @@ def main(argv=None) -> int:
             "1-reference": lambda: _trainer_rate(model, 1, "reference", args.steps, not args.no_prefetch),
             "1-fused": lambda: _trainer_rate(model, 1, "fused", args.steps, not args.no_prefetch),
             f"{E}-reference": lambda: _trainer_rate(model, E, "reference", ens_steps, not args.no_prefetch),
+            # fused: the fused layers through autograd, ATen's loss and divergence checks and FlatAdam's
+            # step (train_ensemble's default); fused-native: the native one-call step (parts/native_step.py)
             f"{E}-fused": lambda: _trainer_rate(model, E, "fused", ens_steps, not args.no_prefetch),
+            f"{E}-fused-native": lambda: _trainer_rate(model, E, "fused", ens_steps, not args.no_prefetch,
+                                                       native=True),
             # The training math alone (one batch drawn once, reused): what the kernels and optimiser
             # cost without the per-seed random numbers (100 seeds x 128 x 100 uniforms a step).
             "math-1-reference": lambda: _trainer_rate(model, 1, "reference", args.steps, fixed_batch=True),
             f"math-{E}-fused": lambda: _trainer_rate(model, E, "fused", ens_steps, fixed_batch=True),
+            f"math-{E}-fused-native": lambda: _trainer_rate(model, E, "fused", ens_steps, fixed_batch=True,
+                                                            native=True),
         }
         # Repeats are interleaved (each round times every configuration once), so that a slow phase
         # of a shared machine falls on all of them alike; each row reports the median of its rounds.
@@ -169,7 +178,9 @@ def main(argv=None) -> int:
             if key == "plain":
                 label = "1 seed, plain eager loop (user script)"
             else:
-                label = f"{seeds} seed{'s' if seeds > 1 else ''}, {k.split('-')[1]}" + (" ensemble" if seeds > 1 else "")
+                kind = {"fused": "fused (autograd step)", "fused-native": "fused (native step)"}.get(
+                    k.split("-", 1)[1], k.split("-", 1)[1]) if seeds > 1 else k.split("-", 1)[1]
+                label = f"{seeds} seed{'s' if seeds > 1 else ''}, {kind}" + (" ensemble" if seeds > 1 else "")
             base = meas["math-1-reference"][0] if math_only else baseline
             per_round = [v * seeds / b for v, b in zip(vals, rounds["math-1-reference"] if math_only else round_base)]
             if math_only:

@@ -1,10 +1,16 @@
-// schema.cpp: the one dispatcher op of the experiments' native helpers (not a layer: no autocast),
-// flat_adam_step_resident, the resident Adam step of the experiments' FlatAdam. Its kernel is CUDA only
-// (cuda/flat_adam_cuda.cpp); on any other device, or in a build without CUDA kernels, the kernel
-// below says so. The other helpers of this folder (cpu/: the fused Adam step on the CPU, the uniform
-// fill) are no dispatcher ops: csrc/module.cpp binds them with pybind11.
+// schema.cpp: the dispatcher ops of the experiments' native helpers (not layers: no autocast).
+// flat_adam_step_resident, the resident Adam step of the experiments' FlatAdam: a CUDA kernel only
+// (cuda/flat_adam_cuda.cpp). static_ensemble_grad and static_ensemble_step, the static task's whole
+// training step in one call: CPU kernels only (cpu/ensemble_step.cpp). On any other device, or in a
+// build without the kernel, the kernels below say so. The other helpers of this folder (cpu/: the
+// fused Adam step on the CPU, the uniform fill) are no dispatcher ops: csrc/module.cpp binds them
+// with pybind11.
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
+
+#include <initializer_list>
+#include <string>
+#include <utility>
 
 #include "common/registration.h"
 
@@ -19,6 +25,24 @@ constexpr const char* kSchemas[] = {
   // is zeroed there). Returns nonfinite (E,) bool. Nothing is read back to the host (CUDA-graph capturable).
   "flat_adam_step_resident(Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg, Tensor(d!) exp_avg_sq,"
       " Tensor segments, Tensor frozen, Tensor(e!) step_t, float lr, float beta1, float beta2, float eps) -> Tensor",
+  // The static task's training step without its optimiser step, for the two-layer ensemble models
+  // 'nac' (NAC+ -> NAC+), 'nalu' (NALU -> NALU: tied weights, input gate, eps) and 'nmu' (NAU -> NMU,
+  // with Madsen's sparsity regulariser at weight reg_weight; 0 for the others): x (E, B, I) and target
+  // (E, B, 1) of one floating dtype; param and grad FlatAdam's flat buffers, segments its (P, 2) int64
+  // rows (offset, per_member), in the layers' parameter order (NAC: W_hat, M_hat; NALU: W_hat, M_hat,
+  // G; NAU, NMU: W), the hidden size read from them. Per member: the forward, the MSE (returned, (E,)
+  // in x's dtype), diverged |= the objective (MSE + penalty) is not finite, and the gradient of the
+  // objective written over the member's part of grad (zero upstream for a diverged member, as
+  // train_ensemble's eager step). Members are split over the intra-op threads, each whole on one.
+  "static_ensemble_grad(Tensor x, Tensor target, Tensor param, Tensor(a!) grad, Tensor segments,"
+      " Tensor(b!) diverged, str model, float eps, float reg_weight) -> Tensor",
+  // static_ensemble_grad, then FlatAdam's fused CPU step (flat_adam_step, at step count `step`) with
+  // frozen = diverged where `freeze` (train_ensemble's any_diverged) and freeze_nonfinite = freeze,
+  // diverged |= the members whose gradient has a NaN or Inf, and for 'nmu' the projection (NAU W to
+  // [-1, 1], NMU W to [0, 1]). One call is train_ensemble's eager step for these models.
+  "static_ensemble_step(Tensor x, Tensor target, Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg,"
+      " Tensor(d!) exp_avg_sq, Tensor segments, Tensor(e!) diverged, bool freeze, str model, float eps,"
+      " float reg_weight, float lr, float beta1, float beta2, float adam_eps, int step) -> Tensor",
 };
 
 }  // namespace
@@ -43,8 +67,37 @@ at::Tensor flat_adam_step_resident_unsupported(const at::Tensor& param, const at
               build, "; the fused step on the CPU is nalu_cuda._C.flat_adam_step");
 }
 
+// The static step's ops on any device but the CPU (every argument on the CPU is needed): a clear
+// error naming the op and the arguments that are elsewhere.
+[[noreturn]] void static_step_unsupported(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> args) {
+  std::string where;
+  for (const auto& [name, t] : args)
+    if (t->defined() && !t->device().is_cpu()) where += c10::str(where.empty() ? "" : ", ", "'", name, "' on ", t->device());
+  TORCH_CHECK(false, op, ": every tensor argument must be a CPU tensor (this op has CPU kernels only; the CUDA "
+              "training step is train_ensemble's resident step), got ", where.empty() ? std::string("none on the CPU") : where);
+}
+
+at::Tensor static_ensemble_grad_unsupported(const at::Tensor& x, const at::Tensor& target, const at::Tensor& param,
+                                            const at::Tensor& grad, const at::Tensor& segments,
+                                            const at::Tensor& diverged, c10::string_view, double, double) {
+  static_step_unsupported("static_ensemble_grad", {{"x", &x}, {"target", &target}, {"param", &param},
+                          {"grad", &grad}, {"segments", &segments}, {"diverged", &diverged}});
+}
+
+at::Tensor static_ensemble_step_unsupported(const at::Tensor& x, const at::Tensor& target, const at::Tensor& param,
+                                            const at::Tensor& grad, const at::Tensor& exp_avg,
+                                            const at::Tensor& exp_avg_sq, const at::Tensor& segments,
+                                            const at::Tensor& diverged, bool, c10::string_view, double, double,
+                                            double, double, double, double, int64_t) {
+  static_step_unsupported("static_ensemble_step", {{"x", &x}, {"target", &target}, {"param", &param},
+                          {"grad", &grad}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq},
+                          {"segments", &segments}, {"diverged", &diverged}});
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(nalu_cuda, CompositeExplicitAutograd, m) {
   m.impl("flat_adam_step_resident", &flat_adam_step_resident_unsupported);
+  m.impl("static_ensemble_grad", &static_ensemble_grad_unsupported);
+  m.impl("static_ensemble_step", &static_ensemble_step_unsupported);
 }

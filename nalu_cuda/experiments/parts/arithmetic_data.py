@@ -78,7 +78,9 @@ REG_DEFAULTS: Dict[str, Optional[float]] = {"reg_scale": None, "reg_start": None
 #           numbers) or "counter" (CounterStream: drawn on the training device, with the
 #           device-resident step of train_ensemble; other numbers);
 #   graph:  with the counter stream on CUDA, the step captured in a CUDA graph and replayed.
-STEP_DEFAULTS: Dict[str, Any] = {"stream": "sfc64", "graph": True}
+#   native: True (--native-step): the static task's native one-call training step where the model
+#           has one (parts/native_step.py); False: the autograd step, the reference.
+STEP_DEFAULTS: Dict[str, Any] = {"stream": "sfc64", "graph": True, "native": False}
 STREAMS = ("sfc64", "counter")
 
 
@@ -102,6 +104,9 @@ def add_step_arguments(parser) -> None:
                              "with a step that never waits for the host: use it with --device cuda; other numbers)")
     parser.add_argument("--no-graph", dest="graph", action="store_false",
                         help="with --stream counter on CUDA: run the step eagerly instead of replaying it as a CUDA graph")
+    parser.add_argument("--native-step", dest="native", action="store_true",
+                        help="train the static task's nac, nalu and nmu models on the CPU with the native one-call step "
+                             "instead of the autograd step (the default; the same numbers up to float rounding)")
 
 
 def add_model_op_arguments(parser, models: Sequence[str]) -> None:
@@ -121,7 +126,7 @@ def reg_step_options(args) -> Dict[str, Any]:
     """The regulariser and step options of the command line (:func:`add_reg_arguments`,
     :func:`add_step_arguments`), as configuration parameters."""
     return dict(reg_scale=args.reg_scale, reg_start=args.reg_start, reg_end=args.reg_end, stream=args.stream,
-                graph=args.graph)
+                graph=args.graph, native=args.native)
 
 
 def step_params(params: Dict, task: str) -> None:
@@ -184,6 +189,7 @@ class TaskParams:
     reg_end: Optional[float]
     stream: str
     graph: bool
+    native: bool
 
     @property
     def reg(self) -> Dict[str, Optional[float]]:

@@ -272,10 +272,18 @@ def training_hooks(model: nn.Module, reg: Optional[Dict[str, Optional[float]]] =
             pen = w * unit.penalty(model)
             return pen if below is None else torch.where(loss < below, pen, torch.zeros_like(pen))
 
+        if model.model in ("nau", "nmu"):  # Madsen's sparsity: the native step (.native_step) computes it itself
+            regularizer.native_sparsity = (model, sched)
         hooks["regularizer"] = regularizer
     if unit.project:
         projected = [m for m in model.modules() if isinstance(m, (nalu_cuda.NAU, nalu_cuda.NMU, nalu_cuda.NPU))]
-        hooks["project"] = lambda: [m.project_() for m in projected]
+
+        def project() -> None:
+            for m in projected:
+                m.project_()
+
+        project.native_projection = model  # every layer's W_RANGE clamp, which the native step also does
+        hooks["project"] = project
     if unit.clip_value is not None:
         hooks["clip_value"] = unit.clip_value
     inalus = [m for m in model.modules() if isinstance(m, nalu_cuda.INALU)]

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from ..integrity import CheckpointState
 from ..registry import Context
+from .native_step import native_step
 from .optim import FlatAdam
 
 __all__ = ["EvalSet", "TrainResult", "train_ensemble", "evaluate_mse", "progress_bar", "BestState",
@@ -300,10 +301,19 @@ class StepOptions:
     Adam step count stay on the device; a member is frozen from its first non-finite step). With
     ``graph`` on a CUDA device, the step is captured once in a CUDA graph (after three warm-up steps
     on a side stream) and replayed; ``graph`` needs ``resident`` and no ``regularizer``,
-    ``lr_milestones`` or ``reinit`` (host-side schedules would be frozen into the graph)."""
+    ``lr_milestones`` or ``reinit`` (host-side schedules would be frozen into the graph).
+
+    ``native``: where the model is one the native step implements (the static task's NAC, NALU and
+    NMU models on the CPU, :mod:`.native_step`), each step (not resident) is one native call
+    (``nalu_cuda::static_ensemble_step``) instead of the autograd step; the same numbers up to float
+    rounding (``python_tests/test_native_step.py`` states the tolerances). Off by default (the
+    autograd step, :meth:`EnsembleTraining.eager_step`, the reference and the published runs'
+    numbers): at 100 members on one core it is not yet faster than the autograd step with the fused
+    layers (benchmarks/RESULTS.md, section 20)."""
 
     resident: bool = False
     graph: bool = False
+    native: bool = False
 
 
 @dataclass
@@ -390,6 +400,7 @@ class EnsembleTraining:
         self.diverged = torch.zeros(E, dtype=torch.bool, device=dev)
         self.no_member = torch.zeros(E, dtype=torch.bool, device=dev)
         self.any_diverged = False
+        self.step_path: Optional[str] = None  # set by run(): "native", "autograd" or "resident"
         self.best = BestState(self.model, E, dtype=torch.float64)
         self.solved_at = torch.full((E,), -1, dtype=torch.long)
         self.history: Dict[str, List[List[float]]] = {"loss": [], self.val_name: []}
@@ -575,7 +586,10 @@ class EnsembleTraining:
     def _step_runner(self) -> Callable[[int], None]:
         s = self.options.step
         if not s.resident:
-            return self.eager_step
+            step = native_step(self)
+            self.step_path = "autograd" if step is None else "native"
+            return self.eager_step if step is None else step
+        self.step_path = "resident"
         self.data_step = torch.full((), self.start + 1, dtype=torch.int64, device=self.dev)
         return _ResidentStep(self.resident_step, s.graph and self.dev.type == "cuda")
 
@@ -667,6 +681,7 @@ def train_ensemble(
     graph: bool = False,
     optimizer: Optional[Any] = None,
     regularizer_steps: Sequence[str] = (),
+    native: bool = False,
 ) -> TrainResult:
     """Train the ensemble ``model`` for ``steps`` steps: :class:`EnsembleTraining` with these options.
 
@@ -676,7 +691,7 @@ def train_ensemble(
     ``threshold``, ``solved_on``, ``restore_best``), the optimiser (:class:`OptimOptions`:
     ``optimizer``, ``lr``, ``clip``, ``lr_milestones``, ``lr_gamma``), the units' extras
     (:class:`UnitHooks`: ``regularizer``, ``regularizer_steps``, ``project``, ``clip_value``,
-    ``reinit``, ``stall_min_steps``), the step (:class:`StepOptions`: ``resident``, ``graph``), and
+    ``reinit``, ``stall_min_steps``), the step (:class:`StepOptions`: ``resident``, ``graph``, ``native``), and
     ``ctx`` (checkpoints, progress) and ``desc`` (the progress bar's label).
 
     ``optimizer`` is the documented name for the optimiser: an instance (e.g. a :class:`FlatAdam`
@@ -695,7 +710,7 @@ def train_ensemble(
                            lr_milestones=lr_milestones, lr_gamma=lr_gamma),
         units=UnitHooks(regularizer=regularizer, regularizer_steps=regularizer_steps, project=project,
                         clip_value=clip_value, reinit=reinit, stall_min_steps=stall_min_steps),
-        step=StepOptions(resident=resident, graph=graph), ctx=ctx, desc=desc)
+        step=StepOptions(resident=resident, graph=graph, native=native), ctx=ctx, desc=desc)
     return EnsembleTraining(model, E, steps, options).run()
 
 

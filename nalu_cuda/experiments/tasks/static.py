@@ -167,7 +167,7 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
                              threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"static {cfg.name}",
                              stream_state=None if resident else (stream.state_dict, stream.load_state_dict),
                              lr_milestones=p.lr_milestones, lr_gamma=p.lr_gamma, resident=resident,
-                             graph=resident_graph(p, dev, hooks, p.lr_milestones),
+                             graph=resident_graph(p, dev, hooks, p.lr_milestones), native=p.native,
                              **hooks)
     finally:
         stream.close()

@@ -1,0 +1,104 @@
+"""The static task's training step as one native call per step (``nalu_cuda::static_ensemble_step``,
+``csrc/experiments/cpu/ensemble_step.cpp``), for the models it implements: :data:`NATIVE_MODELS`.
+
+One call does what :meth:`.training.EnsembleTraining.eager_step` does with autograd for these
+models: the forward through both layers, each member's MSE, the divergence check of the objective,
+the backward into :class:`~.optim.FlatAdam`'s flat gradient buffer, FlatAdam's own fused CPU step
+(the same C++ function its :meth:`~.optim.FlatAdam.step_ensemble` calls), and for the NMU model
+Madsen's sparsity regulariser (its schedule's weight computed here, on the host, per step) and the
+projection. Members are split over the intra-op threads (``torch.set_num_threads``), each member
+whole on one thread: the same bits for any number of threads.
+
+:func:`native_step` says whether a training run can take it: the model one of these (as
+:func:`.arithmetic_models.build_static_model` builds them, not ``backend="reference"``), on the
+CPU in float32 or float64, trained by a plain :class:`~.optim.FlatAdam` (one learning rate, no
+clipping) over exactly the model's parameters, from ``batch_fn`` (not resident), with no module or
+parameter hooks and none of the trainer's hooks but the ones :func:`.arithmetic_models.training_hooks`
+builds for the model. Otherwise the autograd step runs, which is also the reference the native step
+is tested against (``python_tests/test_native_step.py``) and the default: the native step runs only
+with ``train_ensemble(native=True)`` (the static task's ``--native-step``).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Tuple
+
+import torch
+
+import nalu_cuda
+
+__all__ = ["NATIVE_MODELS", "native_step", "model_layers"]
+
+# model name -> the layer classes of its two layers
+NATIVE_MODELS = {"nac": ("NAC", "NAC"), "nalu": ("NALU", "NALU"), "nmu": ("NAU", "NMU")}
+
+
+def model_layers(model) -> Optional[Tuple[str, list]]:
+    """``(name, [first, second])`` for a model the native step implements, else None."""
+    name = getattr(model, "model", None)
+    net = getattr(model, "net", None)
+    if name not in NATIVE_MODELS or not isinstance(net, torch.nn.Sequential) or len(net) != 2:
+        return None
+    layers = list(net)
+    for layer, cls in zip(layers, NATIVE_MODELS[name]):
+        if type(layer) is not getattr(nalu_cuda, cls) or layer.backend == "reference":
+            return None
+        if cls == "NALU" and (not layer.tied or layer.gate != "input" or layer.G_bias is not None or layer.keep_parts):
+            return None
+    return name, layers
+
+
+def _hooked(model) -> bool:
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+               for m in model.modules()) or any(p._backward_hooks for p in model.parameters())
+
+
+def _units_match(name: str, model, units) -> bool:
+    """The trainer's unit hooks are those the native step implements for ``name``: none (NAC, NALU);
+    the NMU model's regulariser and projection as :func:`.arithmetic_models.training_hooks` built them."""
+    if units.clip_value is not None or units.reinit is not None or units.regularizer_steps:
+        return False
+    if name != "nmu":
+        return units.regularizer is None and units.project is None
+    reg_ok = units.regularizer is None or getattr(units.regularizer, "native_sparsity", (None,))[0] is model
+    return reg_ok and getattr(units.project, "native_projection", None) is model
+
+
+def native_step(training) -> Optional[Callable[[int], None]]:
+    """The native step of an :class:`~.training.EnsembleTraining` (a function of the step), or None
+    where it does not apply (see the module docstring)."""
+    from nalu_cuda import _ops
+
+    from .optim import FlatAdam
+    from .training import EnsembleTraining
+
+    o, model, opt, E = training.options, training.model, training.opt, training.E
+    found = model_layers(model)
+    if (found is None or not o.step.native or o.step.resident or o.data.batch_fn is None or type(opt) is not FlatAdam
+            or not _ops.has_kernel("cpu", "static_ensemble_step") or getattr(model, "ensemble", None) != E):
+        return None
+    name, layers = found
+    params = list(model.parameters())
+    if (opt.flat.device.type != "cpu" or opt.flat.dtype not in (torch.float32, torch.float64) or _hooked(model)
+            or len(params) != len(opt.params) or any(a is not b for a, b in zip(params, opt.params))
+            or opt._native_step(E) is None or not _units_match(name, model, o.units)):
+        return None
+    for hook in ("training_loss", "loss_penalty", "clip_gradients", "after_step", "gradients", "eager_step"):
+        if getattr(type(training), hook) is not getattr(EnsembleTraining, hook):
+            return None
+    eps = float(getattr(layers[0], "eps", 0.0))
+    if name == "nalu" and layers[1].eps != eps:
+        return None
+    segments = opt._native_step(E)[1]
+    schedule = getattr(o.units.regularizer, "native_sparsity", (None, None))[1]
+    op = torch.ops.nalu_cuda.static_ensemble_step
+
+    def step(k: int) -> None:
+        x, target = o.data.batch_fn(k)
+        weight = float(schedule.weight(k)) if schedule is not None else 0.0
+        opt.step_count += 1
+        loss = op(x.contiguous(), target.contiguous(), opt.flat, opt.grad, opt.exp_avg, opt.exp_avg_sq, segments,
+                  training.diverged, training.any_diverged, name, eps, weight, opt.lr, opt.beta1, opt.beta2, opt.eps,
+                  opt.step_count)
+        training.loss_acc.add_(loss.double())
+
+    return step

@@ -1,0 +1,241 @@
+"""The static task's native training step (``nalu_cuda::static_ensemble_step``, one call per step,
+``csrc/experiments/cpu/ensemble_step.cpp``) against the autograd step it replaces
+(``EnsembleTraining.eager_step``, the reference), for the models it implements (NAC+ -> NAC+,
+NALU -> NALU, NAU -> NMU with its regulariser and projection).
+
+Tolerances, after ``STEPS`` Adam steps (lr 1e-3) from the same start on the same batches: float64
+1e-10 (absolute, on parameters of order 1), float32 ``F32_ATOL`` (the two paths sum in different
+orders; Adam's normalised update turns a rounding difference of a gradient element near 0 into a
+difference of up to ``lr`` per step in that parameter, which bounds it)."""
+import copy
+
+import pytest
+import torch
+
+from nalu_cuda import _ops
+from nalu_cuda.experiments.parts import arithmetic_data as ar
+from nalu_cuda.experiments.parts.arithmetic_models import build_static_model, member_generators, training_hooks
+from nalu_cuda.experiments.parts.native_step import NATIVE_MODELS
+from nalu_cuda.experiments.parts.training import (DataOptions, EnsembleTraining, EvalOptions, EvalSet, OptimOptions,
+                                                  StepOptions, TrainOptions, UnitHooks)
+
+pytestmark = pytest.mark.skipif(not _ops.has_kernel("cpu", "static_ensemble_step"),
+                                reason="nalu_cuda built without the static step's CPU kernels")
+
+E, B, I, STEPS = 5, 16, 12, 12
+F32_ATOL = 2e-4
+MODELS = tuple(NATIVE_MODELS)
+
+
+def _batches(dtype, steps=STEPS, seed=0, bad=None):
+    """Fresh random inputs every step, |x| in [0.5, 2] with random signs (away from 0 for the log
+    path), targets a + b of two inputs per member; ``bad=(step, member)`` puts an Inf there."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for k in range(1, steps + 1):
+        x = (torch.rand(E, B, I, generator=g, dtype=torch.float64) * 1.5 + 0.5)
+        x = x * torch.where(torch.rand(E, B, I, generator=g) < 0.3, -1.0, 1.0).double()
+        t = (x[..., :1] + x[..., 1:2]).clone()
+        if bad is not None and k == bad[0]:
+            x[bad[1], 0, 0] = float("inf")
+        out[k] = (x.to(dtype), t.to(dtype))
+    return out
+
+
+def _model(name, dtype, seed=0):
+    model = build_static_model(name, I, 2, ensemble=E)
+    model.reset_parameters(member_generators(list(range(seed, seed + E))))
+    return model.to(dtype)
+
+
+def _train(model, batches, native, *, eval_every=1000, hooks=None, steps=STEPS):
+    xv = torch.rand(8, I, dtype=next(model.parameters()).dtype) + 1
+    val = EvalSet("valid", xv, torch.zeros(E, 8, 1, dtype=xv.dtype))
+    options = TrainOptions(data=DataOptions(batch_fn=lambda k: batches[k]),
+                           evaluation=EvalOptions(val=val, eval_every=eval_every), optim=OptimOptions(lr=1e-3),
+                           units=UnitHooks(**(hooks or {})), step=StepOptions(native=native))
+    training = EnsembleTraining(model, E, steps, options)
+    result = training.run()
+    return training, result
+
+
+def _nmu_hooks(model):
+    hooks = training_hooks(model, {"scale": None, "start": 0, "end": 6}, list(range(E)))  # the schedule ramps up
+    assert set(hooks) == {"regularizer", "project"}
+    return hooks
+
+
+def _pair(name, dtype, batches, **kw):
+    a, b = _model(name, dtype), _model(name, dtype)
+    ha = _nmu_hooks(a) if name == "nmu" else None
+    hb = _nmu_hooks(b) if name == "nmu" else None
+    ta, ra = _train(a, batches, True, hooks=ha, **kw)
+    tb, rb = _train(b, batches, False, hooks=hb, **kw)
+    assert (ta.step_path, tb.step_path) == ("native", "autograd")
+    return (a, ta, ra), (b, tb, rb)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-10), (torch.float32, F32_ATOL)])
+def test_native_step_matches_autograd(name, dtype, atol):
+    batches = _batches(dtype)
+    (a, ta, ra), (b, tb, rb) = _pair(name, dtype, batches)
+    for (k, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert (pa - pb).abs().max().item() <= atol, k
+    assert not ra.diverged.any() and not rb.diverged.any()
+    torch.testing.assert_close(ra.final_loss, rb.final_loss, rtol=1e-9 if dtype == torch.float64 else 1e-4, atol=0)
+    assert ta.opt.step_count == tb.opt.step_count == STEPS
+    for buf in ("exp_avg", "exp_avg_sq"):  # float32: within 1e-3 of the buffer's largest element
+        want = getattr(tb.opt, buf)
+        scale = 1e-10 if dtype == torch.float64 else 1e-3 * want.abs().max().item()
+        torch.testing.assert_close(getattr(ta.opt, buf), want, rtol=1e-8 if dtype == torch.float64 else 1e-3, atol=scale)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_one_gradient_matches_autograd_float64(name):
+    """The gradient op alone against autograd's gradient of the same objective (tight, float64)."""
+    model = _model(name, torch.float64)
+    x, t = _batches(torch.float64, steps=1)[1]
+    weight = 0.7 if name == "nmu" else 0.0
+    from nalu_cuda import regularizers as R
+    from nalu_cuda.experiments.parts.optim import FlatAdam
+
+    opt = FlatAdam(model.parameters(), 1e-3, ensemble=E)
+    diverged = torch.zeros(E, dtype=torch.bool)
+    diverged[3] = True  # a diverged member takes a zero gradient
+    loss = (model(x) - t).reshape(E, -1).pow(2).mean(1)
+    objective = loss + (weight * R.sparsity(model, ensemble=True) if weight else 0)
+    torch.where(diverged, torch.zeros_like(objective), objective).sum().backward()
+    want = opt.grad.clone()
+    got_loss = torch.ops.nalu_cuda.static_ensemble_grad(x, t, opt.flat, opt.grad, opt._native_step(E)[1],
+                                                       diverged.clone(), name, getattr(model.net[0], "eps", 0.0),
+                                                       weight)
+    torch.testing.assert_close(opt.grad, want, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(got_loss, loss.detach(), rtol=1e-12, atol=0)
+
+
+def _op_args(name="nalu", dtype=torch.float64, E_=E):
+    model = build_static_model(name, I, 2, ensemble=E_).to(dtype)
+    model.reset_parameters(member_generators(list(range(E_))))
+    from nalu_cuda.experiments.parts.optim import FlatAdam
+
+    opt = FlatAdam(model.parameters(), 1e-3, ensemble=E_)
+    g = torch.Generator().manual_seed(3)
+    x = (torch.rand(E_, B, I, generator=g, dtype=dtype) + 0.5)
+    return dict(x=x, target=x[..., :1] * 2, param=opt.flat, grad=opt.grad, exp_avg=opt.exp_avg,
+                exp_avg_sq=opt.exp_avg_sq, segments=opt._native_step(E_)[1], diverged=torch.zeros(E_, dtype=torch.bool),
+                freeze=False, model=name, eps=1e-7, reg_weight=0.0, lr=1e-3, beta1=0.9, beta2=0.999, adam_eps=1e-8,
+                step=1)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_threads_give_the_same_bits(name, dtype):
+    E_ = 7
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            args = _op_args(name, dtype, E_)
+            if name == "nmu":
+                args["reg_weight"] = 0.5
+            for step in range(1, 4):
+                args["step"] = step
+                loss = torch.ops.nalu_cuda.static_ensemble_step(**args)
+            results.append((loss, args["param"].clone(), args["grad"].clone(), args["exp_avg_sq"].clone()))
+    finally:
+        torch.set_num_threads(before)
+    for u, v in zip(*results):
+        assert torch.equal(u, v)
+
+
+def test_a_member_does_not_depend_on_the_ensemble():
+    """Member e of an ensemble gets the bits of the same member trained alone."""
+    full = _op_args("nalu", torch.float32, 4)
+    loss = torch.ops.nalu_cuda.static_ensemble_step(**full)
+    one = _op_args("nalu", torch.float32, 1)
+    segs_full, segs_one = full["segments"], one["segments"]
+    e = 2
+    for (off, per), (off1, _) in zip(segs_full.tolist(), segs_one.tolist()):
+        one["param"][off1:off1 + per] = _op_args("nalu", torch.float32, 4)["param"][off + e * per:off + (e + 1) * per]
+    one["x"], one["target"] = full["x"][e:e + 1].clone(), full["target"][e:e + 1].clone()
+    loss1 = torch.ops.nalu_cuda.static_ensemble_step(**one)
+    assert torch.equal(loss1[0], loss[e])
+    for (off, per), (off1, _) in zip(segs_full.tolist(), segs_one.tolist()):
+        assert torch.equal(one["param"][off1:off1 + per], full["param"][off + e * per:off + (e + 1) * per])
+
+
+def test_divergence_and_freezing_match_autograd():
+    """A member whose input goes Inf at step 3 is diverged in both paths, frozen from the evaluation
+    at step 4 on; the other members' parameters agree as in the float64 test."""
+    batches = _batches(torch.float64, bad=(3, 1))
+    (a, ta, ra), (b, tb, rb) = _pair("nalu", torch.float64, batches, eval_every=4)
+    assert ra.diverged.tolist() == rb.diverged.tolist() == [False, True, False, False, False]
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        keep = ~ra.diverged
+        assert (pa[keep] - pb[keep]).abs().max().item() <= 1e-10
+
+
+def test_eligibility_and_the_autograd_switch():
+    batches = _batches(torch.float32, steps=2)
+    for name in ("nalu-indgate", "nalu-separate", "nau", "relu"):  # models the native step does not implement
+        training, _ = _train(_model(name, torch.float32), batches, True, steps=2)
+        assert training.step_path == "autograd", name
+    reference = build_static_model("nac", I, 2, ensemble=E, backend="reference")
+    assert _train(reference, batches, True, steps=2)[0].step_path == "autograd"
+    hooked = _model("nac", torch.float32)
+    hooked.net[0].register_forward_hook(lambda *a: None)
+    assert _train(hooked, batches, True, steps=2)[0].step_path == "autograd"
+    nmu = _model("nmu", torch.float32)
+    hooks = _nmu_hooks(nmu)
+    hooks["project"] = lambda: None  # a projection of its own: not the one the native step does
+    assert _train(nmu, batches, True, steps=2, hooks=hooks)[0].step_path == "autograd"
+    assert _train(_model("nalu", torch.float32), batches, False, steps=2)[0].step_path == "autograd"
+
+
+def test_the_cli_flag_is_a_stored_option_only_off_its_default():
+    from nalu_cuda.experiments.tasks.static import static_config
+
+    default = static_config("nac", ["add"], 2, 10)
+    assert "native" not in default.params
+    assert static_config("nac", ["add"], 2, 10, native=False).fingerprint() == default.fingerprint()
+    assert static_config("nac", ["add"], 2, 10, native=True).params["native"] is True
+    assert ar.STEP_DEFAULTS["native"] is False
+
+
+def _error(**changes):
+    args = _op_args()
+    args.update(changes)
+    with pytest.raises(RuntimeError) as info:
+        torch.ops.nalu_cuda.static_ensemble_step(**args)
+    return str(info.value)
+
+
+def test_bad_arguments_name_the_op_the_argument_what_was_expected_and_what_came():
+    args = _op_args()
+    msg = _error(x=args["x"].half())
+    assert "static_ensemble_step: argument 'x' must be a contiguous float32 or float64 CPU tensor" in msg
+    assert "Half" in msg
+    msg = _error(target=torch.zeros(E, B, 2, dtype=torch.float64))
+    assert "argument 'target' must be" in msg and f"[{E}, {B}, 1]" in msg and "[5, 16, 2]" in msg
+    msg = _error(target=args["target"].float())
+    assert "argument 'target'" in msg and "Float" in msg
+    msg = _error(diverged=torch.zeros(E + 1, dtype=torch.bool))
+    assert "argument 'diverged'" in msg and f"[{E}]" in msg and "[6]" in msg
+    msg = _error(segments=args["segments"][:2])
+    assert "argument 'segments'" in msg and "[6, 2]" in msg and "[2, 2]" in msg
+    msg = _error(model="nalu-indgate")
+    assert "argument 'model' must be one of" in msg and "'nalu-indgate'" in msg
+    msg = _error(exp_avg=args["exp_avg"][:-1])
+    assert "argument 'exp_avg'" in msg
+    msg = _error(reg_weight=0.5)
+    assert "argument 'reg_weight'" in msg and "0.5" in msg
+    msg = _error(x=args["x"].to("meta"), target=args["target"].to("meta"))
+    assert "static_ensemble_step: every tensor argument must be a CPU tensor" in msg and "'x' on meta" in msg
+    grad_args = {k: args[k] for k in ("x", "target", "param", "grad", "segments", "diverged", "model", "eps",
+                                      "reg_weight")}
+    grad_args["grad"] = args["grad"][:-1]
+    with pytest.raises(RuntimeError, match=r"static_ensemble_grad: argument 'grad' must be .* got a Double cpu tensor "
+                                           r"of shape \["):
+        torch.ops.nalu_cuda.static_ensemble_grad(**grad_args)
