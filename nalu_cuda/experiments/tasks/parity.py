@@ -169,8 +169,11 @@ def run(config: registry.Config, ctx: registry.Context) -> registry.RunOutput:
 # Configurations
 # ------------------------------------------------------------------------------------------------
 
+# decisive: the published budget itself (so the claim's verdict is final), which one CPU core
+# affords in about a quarter of an hour (`nalu-cuda list --profile decisive`).
 PROFILES = {
     "quick": {"seeds": 5, "steps": 600},
+    "decisive": {"seeds": 10, "steps": 10000},
     "paper": {"seeds": 10, "steps": 10000},
 }
 
