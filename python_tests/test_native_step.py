@@ -194,14 +194,21 @@ def test_eligibility_and_the_autograd_switch():
     assert _train(_model("nalu", torch.float32), batches, False, steps=2)[0].step_path == "autograd"
 
 
-def test_the_cli_flag_is_a_stored_option_only_off_its_default():
+def test_the_step_flags_are_a_stored_option_only_off_the_native_default():
     from nalu_cuda.experiments.tasks.static import static_config
 
     default = static_config("nac", ["add"], 2, 10)
     assert "native" not in default.params
-    assert static_config("nac", ["add"], 2, 10, native=False).fingerprint() == default.fingerprint()
-    assert static_config("nac", ["add"], 2, 10, native=True).params["native"] is True
-    assert ar.STEP_DEFAULTS["native"] is False
+    assert static_config("nac", ["add"], 2, 10, native=True).fingerprint() == default.fingerprint()
+    assert static_config("nac", ["add"], 2, 10, native=False).params["native"] is False
+    assert ar.STEP_DEFAULTS["native"] is True
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    ar.add_step_arguments(parser)
+    assert parser.parse_args([]).native is True
+    assert parser.parse_args(["--native-step"]).native is True
+    assert parser.parse_args(["--autograd-step"]).native is False
 
 
 def _error(**changes):

@@ -211,10 +211,11 @@ class UniformStream:
         step, ``nalu_cuda::static_ensemble_step_drawn``): ``lo``, ``hi``, ``raw``, ``weights``
         (``(S, I, 2)`` float64 tensor), ``ops`` (codes, :data:`TARGET_OP_CODES`) and ``batch``; None
         where it cannot: a union of ranges, no :class:`SumTargets` of two sums, inputs not
-        ``(B, I)``, or ``B * I`` odd (a batch would end inside a 64-bit word)."""
+        ``(B, I)``, ``B * I`` odd (a batch would end inside a 64-bit word), or the native fill
+        switched off (``_USE_NATIVE_FILL``, for tests)."""
         ivs = self.range.intervals
         t = self.transform
-        if (len(ivs) != 1 or not isinstance(t, SumTargets) or t.weights.shape[2] != 2 or len(self.shape) != 2
+        if (not _USE_NATIVE_FILL or len(ivs) != 1 or not isinstance(t, SumTargets) or t.weights.shape[2] != 2 or len(self.shape) != 2
                 or self._n % 2 or t.weights.shape[:2] != (len(self.seeds), self.shape[1])):
             return None
         return {"lo": float(ivs[0][0]), "hi": float(ivs[0][1]), "raw": ivs == ((1.0, 2.0),),
