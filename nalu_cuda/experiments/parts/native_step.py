@@ -15,8 +15,9 @@ CPU in float32 or float64, trained by a plain :class:`~.optim.FlatAdam` (one lea
 clipping) over exactly the model's parameters, from ``batch_fn`` (not resident), with no module or
 parameter hooks and none of the trainer's hooks but the ones :func:`.arithmetic_models.training_hooks`
 builds for the model. Otherwise the autograd step runs, which is also the reference the native step
-is tested against (``python_tests/test_native_step.py``) and the default: the native step runs only
-with ``train_ensemble(native=True)`` (the static task's ``--native-step``).
+is tested against (``python_tests/test_native_step.py``). The native step runs with
+``train_ensemble(native=True)``: the static task's default (``--autograd-step`` forces the autograd
+step; ``train_ensemble``'s own default stays the autograd step).
 
 Data made where it is used: where ``batch_fn`` names its :class:`~.uniform_stream.UniformStream`
 (the static task's does; :func:`in_call_stream` says when it applies), the step does not call
