@@ -22,11 +22,11 @@ using Lanes = typename LanesOf<T>::type;
 template <typename T>
 constexpr int64_t kLanes = static_cast<int64_t>(32 / sizeof(T));
 
+// (an output argument, not a return value: the base build has no AVX, and a 32-byte vector
+// returned there would change the ABI)
 template <typename T>
-inline Lanes<T> load_lanes(const T* p) {
-  Lanes<T> v;
+inline void load_lanes(Lanes<T>& v, const T* p) {
   __builtin_memcpy(&v, p, sizeof v);
-  return v;
 }
 
 template <typename T>
@@ -45,9 +45,13 @@ void row_dots_block(const T* const* X, const T* const* V, int64_t b0, int64_t B,
   int64_t i = 0;
   for (; i + L <= In; i += L) {
     Lanes<T> v[NP];
-    for (int p = 0; p < NP; ++p) v[p] = load_lanes(V[p] + i);
+    for (int p = 0; p < NP; ++p) load_lanes(v[p], V[p] + i);
     for (int r = 0; r < R; ++r)
-      for (int p = 0; p < NP; ++p) acc[r][p] += load_lanes(X[p] + (b0 + r) * In + i) * v[p];
+      for (int p = 0; p < NP; ++p) {
+        Lanes<T> x;
+        load_lanes(x, X[p] + (b0 + r) * In + i);
+        acc[r][p] += x * v[p];
+      }
   }
   T tail[R][NP] = {};
   for (; i < In; ++i)
@@ -82,8 +86,11 @@ void col_sums(const T* const* Y, const T* const* c, int64_t cs, const int* into,
     for (int64_t b = 0; b < B; ++b)
       for (int p = 0; p < NP; ++p) {
         const T k = c[p][b * cs];
-        acc[p][0] += load_lanes(Y[p] + b * In + i) * k;
-        acc[p][1] += load_lanes(Y[p] + b * In + i + L) * k;
+        Lanes<T> y0, y1;
+        load_lanes(y0, Y[p] + b * In + i);
+        load_lanes(y1, Y[p] + b * In + i + L);
+        acc[p][0] += y0 * k;
+        acc[p][1] += y1 * k;
       }
     for (int p = 0; p < NP; ++p)
       for (int64_t l = 0; l < L; ++l) {
