@@ -17,7 +17,8 @@ once the regulariser has started):
 * ``E=100 reference`` / ``E=100 fused``: 100 seeds as one ensemble (``fused``: the fused layers
   through autograd, train_ensemble's default step); ``E=100 fused-native``: the native one-call
   step (``train_ensemble(native=True)``, ``parts/native_step.py``: forward, loss, backward,
-  divergence check and Adam in one native call).
+  divergence check and Adam in one native call, each member's batch and targets drawn inside it
+  from the same SFC64 streams, so no background thread).
 * ``plain loop``: a minimal single-seed script a user would write (``torch.rand`` batches,
   ``nn.Module`` layers without an ensemble dimension, ``torch.optim.Adam``, no divergence checks),
   to show the baseline is not handicapped by our trainer.
@@ -87,9 +88,24 @@ def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: b
 
     def batch_fn(step):
         nonlocal t0
-        if step == warm + 1:
+        if step == warm + 1 and t0 is None:
             t0 = time.perf_counter()
         return first if fixed_batch else stream.next()
+
+    if native and not fixed_batch:
+        # the native step draws the stream's batches in the call (parts/native_step.py): it asks the
+        # stream for its generators once per step instead of calling batch_fn, so the clock starts there
+        batch_fn.uniform_stream = stream
+        draw_words, calls = stream.draw_words, [0]
+
+        def timed_draw_words():
+            nonlocal t0
+            calls[0] += 1
+            if calls[0] == warm + 1:
+                t0 = time.perf_counter()
+            return draw_words()
+
+        stream.draw_words = timed_draw_words
 
     try:
         # the regulariser at full strength from step 0 (NMU model): its costliest phase

@@ -194,14 +194,21 @@ def test_eligibility_and_the_autograd_switch():
     assert _train(_model("nalu", torch.float32), batches, False, steps=2)[0].step_path == "autograd"
 
 
-def test_the_cli_flag_is_a_stored_option_only_off_its_default():
+def test_the_step_flags_are_a_stored_option_only_off_the_native_default():
     from nalu_cuda.experiments.tasks.static import static_config
 
     default = static_config("nac", ["add"], 2, 10)
     assert "native" not in default.params
-    assert static_config("nac", ["add"], 2, 10, native=False).fingerprint() == default.fingerprint()
-    assert static_config("nac", ["add"], 2, 10, native=True).params["native"] is True
-    assert ar.STEP_DEFAULTS["native"] is False
+    assert static_config("nac", ["add"], 2, 10, native=True).fingerprint() == default.fingerprint()
+    assert static_config("nac", ["add"], 2, 10, native=False).params["native"] is False
+    assert ar.STEP_DEFAULTS["native"] is True
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    ar.add_step_arguments(parser)
+    assert parser.parse_args([]).native is True
+    assert parser.parse_args(["--native-step"]).native is True
+    assert parser.parse_args(["--autograd-step"]).native is False
 
 
 def _error(**changes):
@@ -239,3 +246,142 @@ def test_bad_arguments_name_the_op_the_argument_what_was_expected_and_what_came(
     with pytest.raises(RuntimeError, match=r"static_ensemble_grad: argument 'grad' must be .* got a Double cpu tensor "
                                            r"of shape \["):
         torch.ops.nalu_cuda.static_ensemble_grad(**grad_args)
+
+
+# -- the batch drawn in the call (static_ensemble_step_drawn) -------------------------------------------------
+
+def _stream(S, ops, rng, prefetch=False):
+    from nalu_cuda.experiments.parts.uniform_stream import SumTargets, UniformStream
+
+    masks = torch.stack([ar.subset_layout(s, I).mask() for s in range(S)])
+    return UniformStream(list(range(S)), (B, I), ar.parse_range(rng), chunk=4, prefetch=prefetch,
+                         transform=SumTargets(masks.numpy(), ops))
+
+
+def _train_on(name, stream, ops, in_call, steps=STEPS):
+    """The native step over `stream`'s batches: drawn in the call (`in_call`) or through batch_fn."""
+    S = len(stream.seeds)
+    E_ = S * len(ops)
+    model = build_static_model(name, I, 2, ensemble=E_)
+    model.reset_parameters(member_generators(list(range(E_))))
+    hooks = training_hooks(model, {"scale": None, "start": 0, "end": 6}, list(range(E_))) if name == "nmu" else {}
+
+    def batch_fn(k):
+        x, t = stream.next()
+        return (x if len(ops) == 1 else x.repeat(len(ops), 1, 1)), t
+
+    if in_call:
+        batch_fn.uniform_stream = stream
+    xv = torch.rand(8, I) + 1
+    options = TrainOptions(data=DataOptions(batch_fn=batch_fn),
+                           evaluation=EvalOptions(val=EvalSet("valid", xv, torch.zeros(E_, 8, 1)), eval_every=1000),
+                           optim=OptimOptions(lr=1e-3), units=UnitHooks(**hooks), step=StepOptions(native=True))
+    training = EnsembleTraining(model, E_, steps, options)
+    result = training.run()
+    assert training.step_path == "native"
+    return model, result
+
+
+@pytest.mark.parametrize("name,ops,rng", [("nac", ["add"], [1, 2]), ("nalu", ["mul", "div", "root"], [0.5, 3]),
+                                          ("nmu", ["sub", "squared"], [-2, 2])])
+@pytest.mark.parametrize("started", [False, True])
+def test_in_call_draw_is_the_stream_bit_for_bit(name, ops, rng, started):
+    """The native step drawing each member's batch in the call trains to the same bits as the same
+    step fed by UniformStream (same seeds, inputs and targets), and leaves the stream where the
+    stream itself would be: its next batch is the same. `started`: the stream had drawn a chunk and
+    one ahead (prefetch) before training, which the in-call step uses up first."""
+    S = 3
+    ref, drawn = _stream(S, ops, rng), _stream(S, ops, rng, prefetch=started)
+    if started:
+        ref.next(), drawn.next()
+    try:
+        a, ra = _train_on(name, ref, ops, in_call=False)
+        b, rb = _train_on(name, drawn, ops, in_call=True)
+        assert drawn._words is not None  # it did draw in the call
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            assert torch.equal(pa, pb)
+        assert torch.equal(ra.final_loss, rb.final_loss)
+        state = drawn.state_dict()
+        want = ref.next()
+        for u, v in zip(want, drawn.next()):
+            assert torch.equal(u, v)
+        fresh = _stream(S, ops, rng)
+        fresh.load_state_dict(state)  # a checkpoint taken after in-call steps resumes the stream exactly
+        for u, v in zip(want, fresh.next()):
+            assert torch.equal(u, v)
+    finally:
+        ref.close(), drawn.close()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_in_call_draw_against_autograd(name):
+    """In-call drawing against the autograd reference on the same stream, float32 tolerance."""
+    ref, drawn = _stream(E, ["add"], [1, 2]), _stream(E, ["add"], [1, 2])
+    b, _ = _train_on(name, drawn, ["add"], in_call=True)
+    a = build_static_model(name, I, 2, ensemble=E)
+    a.reset_parameters(member_generators(list(range(E))))
+    batches = {k: ref.next() for k in range(1, STEPS + 1)}
+    hooks = _nmu_hooks(a) if name == "nmu" else None
+    ta, _ = _train(a, batches, False, hooks=hooks)
+    assert ta.step_path == "autograd"
+    for (k, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert (pa - pb).abs().max().item() <= F32_ATOL, k
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_in_call_draw_threads_give_the_same_bits(name):
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            stream = _stream(7, ["add", "sub"], [1, 2])
+            model, res = _train_on(name, stream, ["add", "sub"], in_call=True, steps=5)
+            results.append([p.detach().clone() for p in model.parameters()] + [res.final_loss, stream._words.clone()])
+    finally:
+        torch.set_num_threads(before)
+    for u, v in zip(*results):
+        assert torch.equal(u, v)
+
+
+def test_in_call_draw_bad_arguments():
+    args = _op_args("nac", torch.float32)
+    for k in ("x", "target"):
+        args.pop(k)
+    S = E
+    args.update(state=torch.zeros(S, 4, dtype=torch.int64), weights=torch.zeros(S, I, 2, dtype=torch.float64),
+                ops=[0], lo=1.0, hi=2.0, raw=True, batch=B)
+    op = torch.ops.nalu_cuda.static_ensemble_step_drawn
+    op(**args)  # well formed
+    with pytest.raises(RuntimeError, match=r"static_ensemble_step_drawn: argument 'ops' must list operation codes "
+                                           r"0 \.\. 5 .* got 9"):
+        op(**{**args, "ops": [9]})
+    with pytest.raises(RuntimeError, match=r"static_ensemble_step_drawn: argument 'state' must be a contiguous int64 "
+                                           r"CPU tensor of shape \(S, 4\).* got a Float"):
+        op(**{**args, "state": torch.zeros(S, 4)})
+    with pytest.raises(RuntimeError, match=r"argument 'diverged' must have one flag per member, S \* len\(ops\) = 10"):
+        op(**{**args, "ops": [0, 1]})
+    with pytest.raises(RuntimeError, match=r"argument 'batch' must be >= 1 with batch \* I even .* got batch 3 for I = 3"):
+        op(**{**args, "weights": torch.zeros(S, 3, 2, dtype=torch.float64), "batch": 3})
+    with pytest.raises(RuntimeError, match=r"argument 'param' must be a contiguous float32 CPU tensor"):
+        op(**{**args, "param": args["param"].double()})
+
+
+def test_in_call_draw_falls_back_where_it_cannot():
+    """A union of ranges or a float64 model: the native step takes batch_fn's batches."""
+    from nalu_cuda.experiments.parts.native_step import in_call_stream
+    from nalu_cuda.experiments.parts.uniform_stream import SumTargets, UniformStream
+
+    masks = torch.stack([ar.subset_layout(s, I).mask() for s in range(E)])
+    union = UniformStream(list(range(E)), (B, I), ar.parse_range([-2, -1, 1, 2]), chunk=4,
+                          transform=SumTargets(masks.numpy(), ["add"]))
+    plain = _stream(E, ["add"], [1, 2])
+
+    def fn(k):
+        return None
+
+    for stream, dtype, members in ((union, torch.float32, E), (plain, torch.float64, E), (plain, torch.float32, 2 * E)):
+        fn.uniform_stream = stream
+        assert in_call_stream(fn, dtype, members) == (None, None)
+    fn.uniform_stream = plain
+    assert in_call_stream(fn, torch.float32, E)[0] is plain

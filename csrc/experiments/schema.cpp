@@ -43,6 +43,16 @@ constexpr const char* kSchemas[] = {
   "static_ensemble_step(Tensor x, Tensor target, Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg,"
       " Tensor(d!) exp_avg_sq, Tensor segments, Tensor(e!) diverged, bool freeze, str model, float eps,"
       " float reg_weight, float lr, float beta1, float beta2, float adam_eps, int step) -> Tensor",
+  // static_ensemble_step with the batch drawn in the call (float32; nothing of it is stored): member
+  // e = k S + s (S = state.size(0) seeds, k < len(ops)) draws batch x I uniforms from a copy of seed
+  // s's SFC64 generator (state row s: numpy's uint64 words viewed as int64), exactly the next batch
+  // of UniformStream for that seed (range [lo, hi); raw: [1, 2) itself), and its targets
+  // op_k(a, b), a and b the float64 sums of the inputs with weights (S, I, 2) columns 0 and 1, op
+  // codes 0 .. 5 = add, sub, mul, div, squared, root (SumTargets). state is advanced by one batch.
+  "static_ensemble_step_drawn(Tensor(f!) state, Tensor weights, int[] ops, float lo, float hi, bool raw, int batch,"
+      " Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg, Tensor(d!) exp_avg_sq, Tensor segments,"
+      " Tensor(e!) diverged, bool freeze, str model, float eps, float reg_weight, float lr, float beta1,"
+      " float beta2, float adam_eps, int step) -> Tensor",
 };
 
 }  // namespace
@@ -94,10 +104,20 @@ at::Tensor static_ensemble_step_unsupported(const at::Tensor& x, const at::Tenso
                           {"segments", &segments}, {"diverged", &diverged}});
 }
 
+// (the in-call draw's op: its tensors first, then the step's, named as its schema names them)
+using TensorArg = const at::Tensor&;
+at::Tensor static_ensemble_step_drawn_unsupported(TensorArg state, TensorArg weights, at::IntArrayRef, double, double, bool,
+    int64_t, TensorArg param, TensorArg grad, TensorArg m1, TensorArg m2, TensorArg segments, TensorArg diverged, bool,
+    c10::string_view, double, double, double, double, double, double, int64_t) {
+  static_step_unsupported("static_ensemble_step_drawn", {{"state", &state}, {"weights", &weights}, {"param", &param},
+      {"grad", &grad}, {"exp_avg", &m1}, {"exp_avg_sq", &m2}, {"segments", &segments}, {"diverged", &diverged}});
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(nalu_cuda, CompositeExplicitAutograd, m) {
   m.impl("flat_adam_step_resident", &flat_adam_step_resident_unsupported);
   m.impl("static_ensemble_grad", &static_ensemble_grad_unsupported);
   m.impl("static_ensemble_step", &static_ensemble_step_unsupported);
+  m.impl("static_ensemble_step_drawn", &static_ensemble_step_drawn_unsupported);
 }

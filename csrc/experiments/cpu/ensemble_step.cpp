@@ -17,6 +17,7 @@
 #include "common/cpu/isa.h"
 #include "common/math.h"
 #include "experiments/cpu/fp_contract.h"
+#include "experiments/cpu/uniform_fill.h"
 #include "ops/nac_nalu/math.h"
 
 #include <ATen/Dispatch.h>
@@ -27,10 +28,13 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 // One rounding everywhere in a loop (vector body and remainder alike): no contraction into FMA.
@@ -77,6 +81,63 @@ struct StepArgs {
   double eps, reg_weight;
 };
 
+// The targets' operations (nalu_cuda/experiments/parts/arithmetic_ops.py apply_op), on the float64
+// sums a and b.
+enum class TargetOp { kAdd, kSub, kMul, kDiv, kSquared, kRoot };
+
+TargetOp target_op(const char* op, int64_t code) {
+  TORCH_CHECK(code >= 0 && code < 6, op, ": argument 'ops' must list operation codes 0 .. 5 (add, sub, mul, div, "
+              "squared, root), got ", code);
+  return static_cast<TargetOp>(code);
+}
+
+inline double apply_target(TargetOp op, double a, double b) {
+  switch (op) {
+    case TargetOp::kAdd: return a + b;
+    case TargetOp::kSub: return a - b;
+    case TargetOp::kMul: return a * b;
+    case TargetOp::kDiv: return a / b;
+    case TargetOp::kSquared: return a * a;
+    default: return std::sqrt(a);
+  }
+}
+
+// The in-call draw of static_ensemble_step_drawn: member e draws its batch from a copy of SFC64
+// generator e % S (exactly UniformStream's next batch for that seed) and its targets with op e / S
+// (SumTargets: the float64 subset sums a, b, the op in float64, one rounding to float32).
+struct Draw {
+  const int64_t* state;   // (S, 4) numpy's SFC64 words viewed as int64
+  int64_t* state_out;     // (S, 4) the states after the draw, written by members e < S
+  const double* weights;  // (S, I, 2) the subset masks
+  const TargetOp* ops;    // (E / S)
+  int64_t S;
+  double lo, hi;
+  bool raw;
+};
+
+constexpr int64_t kDrawGroup = 8;  // members drawn together (two groups of four AVX2 lanes)
+
+// Members e0 .. e0 + G - 1 (G <= kDrawGroup) draw x (G, B, I) and their targets t (G, B).
+void draw_group(const StepArgs& a, const Draw& d, int64_t e0, int64_t G, float* x, float* t, std::vector<double>& w,
+                std::vector<double>& sums) {
+  uint64_t words[4 * kDrawGroup];
+  w.resize(G * a.I * 2);
+  sums.resize(G * a.B * 2);
+  for (int64_t j = 0; j < G; ++j) {
+    const int64_t s = (e0 + j) % d.S;
+    std::memcpy(words + 4 * j, d.state + 4 * s, sizeof(uint64_t) * 4);
+    std::copy(d.weights + s * a.I * 2, d.weights + (s + 1) * a.I * 2, w.begin() + j * a.I * 2);
+  }
+  const int64_t n = a.B * a.I;
+  sfc64_fill_blocks(words, x, FillBlocks{G, 1, n, n, n, d.lo, d.hi, d.raw, w.data(), a.I, 2, sums.data()});
+  for (int64_t j = 0; j < G; ++j) {
+    const TargetOp op = d.ops[(e0 + j) / d.S];
+    for (int64_t b = 0; b < a.B; ++b)
+      t[j * a.B + b] = static_cast<float>(apply_target(op, sums[(j * a.B + b) * 2], sums[(j * a.B + b) * 2 + 1]));
+    if (e0 + j < d.S) std::memcpy(d.state_out + 4 * (e0 + j), words + 4 * j, sizeof(uint64_t) * 4);
+  }
+}
+
 }  // namespace
 
 // The per-member kernels, once per instruction set (the ops pick one with cpu::use_avx2()).
@@ -99,27 +160,17 @@ void check_cpu_tensor(const char* op, const char* name, const at::Tensor& t, con
               "' must be ", want, ", got ", describe(t));
 }
 
-// The checks every argument of both ops gets; returns the call's shapes and scalars.
-StepArgs check_step(const char* op, const at::Tensor& x, const at::Tensor& target, const at::Tensor& param,
-                    const at::Tensor& grad, const at::Tensor& segments, const at::Tensor& diverged,
-                    const std::string& model, double eps, double reg_weight) {
-  StepArgs a{};
+// The checks of the parameters, gradients and flags every op gets, for a.E members of a.I inputs
+// in `dtype` (`like`: how the messages name it); completes the call's shapes and scalars.
+void check_params(const char* op, StepArgs& a, at::ScalarType dtype, const std::string& like, const at::Tensor& param,
+                  const at::Tensor& grad, const at::Tensor& segments, const at::Tensor& diverged,
+                  const std::string& model, double eps, double reg_weight) {
   a.model = model_from_name(op, model);
   layer_kinds(a.model, &a.kinds[0], &a.kinds[1]);
-  const bool fp = x.defined() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
-  check_cpu_tensor(op, "x", x, "a contiguous float32 or float64 CPU tensor of shape (E, B, I)", fp && x.dim() == 3);
-  a.E = x.size(0), a.B = x.size(1), a.I = x.size(2);
-  TORCH_CHECK(a.E >= 1 && a.B >= 1 && a.I >= 1, op, ": argument 'x' must have at least one member, sample and "
-              "input, got shape ", x.sizes());
-  const std::string like_x = c10::str("a contiguous CPU tensor of x's dtype (", x.scalar_type(), ")");
-  check_cpu_tensor(op, "target", target, like_x + c10::str(" of shape [", a.E, ", ", a.B, ", 1]"),
-                   target.defined() && target.scalar_type() == x.scalar_type() && target.dim() == 3 &&
-                       target.size(0) == a.E && target.size(1) == a.B && target.size(2) == 1);
-  check_cpu_tensor(op, "param", param, like_x + " of one dimension (FlatAdam's flat buffer)",
-                   param.defined() && param.scalar_type() == x.scalar_type() && param.dim() == 1);
-  check_cpu_tensor(op, "grad", grad, like_x + c10::str(" of param's shape [", param.numel(), "]"),
-                   grad.defined() && grad.scalar_type() == x.scalar_type() && grad.dim() == 1 &&
-                       grad.numel() == param.numel());
+  check_cpu_tensor(op, "param", param, like + " of one dimension (FlatAdam's flat buffer)",
+                   param.defined() && param.scalar_type() == dtype && param.dim() == 1);
+  check_cpu_tensor(op, "grad", grad, like + c10::str(" of param's shape [", param.numel(), "]"),
+                   grad.defined() && grad.scalar_type() == dtype && grad.dim() == 1 && grad.numel() == param.numel());
   check_cpu_tensor(op, "diverged", diverged, c10::str("a contiguous bool CPU tensor of shape [", a.E, "] (one flag per member)"),
                    diverged.defined() && diverged.scalar_type() == at::kBool && diverged.dim() == 1 &&
                        diverged.numel() == a.E);
@@ -141,20 +192,43 @@ StepArgs check_step(const char* op, const at::Tensor& x, const at::Tensor& targe
               ": argument 'reg_weight' must be 0 (or, for model 'nmu', a finite number >= 0), got ", reg_weight);
   a.eps = eps;
   a.reg_weight = reg_weight;
+}
+
+// The checks of the ops that take the batch: x, target, then check_params.
+StepArgs check_step(const char* op, const at::Tensor& x, const at::Tensor& target, const at::Tensor& param,
+                    const at::Tensor& grad, const at::Tensor& segments, const at::Tensor& diverged,
+                    const std::string& model, double eps, double reg_weight) {
+  StepArgs a{};
+  model_from_name(op, model);
+  const bool fp = x.defined() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
+  check_cpu_tensor(op, "x", x, "a contiguous float32 or float64 CPU tensor of shape (E, B, I)", fp && x.dim() == 3);
+  a.E = x.size(0), a.B = x.size(1), a.I = x.size(2);
+  TORCH_CHECK(a.E >= 1 && a.B >= 1 && a.I >= 1, op, ": argument 'x' must have at least one member, sample and "
+              "input, got shape ", x.sizes());
+  const std::string like_x = c10::str("a contiguous CPU tensor of x's dtype (", x.scalar_type(), ")");
+  check_cpu_tensor(op, "target", target, like_x + c10::str(" of shape [", a.E, ", ", a.B, ", 1]"),
+                   target.defined() && target.scalar_type() == x.scalar_type() && target.dim() == 3 &&
+                       target.size(0) == a.E && target.size(1) == a.B && target.size(2) == 1);
+  check_params(op, a, x.scalar_type(), like_x, param, grad, segments, diverged, model, eps, reg_weight);
   return a;
 }
 
-at::Tensor grad_impl(const StepArgs& a, const at::Tensor& x, const at::Tensor& target, const at::Tensor& param,
-                     const at::Tensor& grad, const at::Tensor& segments, const at::Tensor& diverged) {
-  at::Tensor loss = at::empty({a.E}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "static_ensemble_grad", [&] {
+// static_ensemble_grad's work: the batch from x and target, or drawn (`draw`, float32 only).
+at::Tensor grad_impl(const StepArgs& a, at::ScalarType dtype, const at::Tensor& x, const at::Tensor& target,
+                     const Draw* draw, const at::Tensor& param, const at::Tensor& grad, const at::Tensor& segments,
+                     const at::Tensor& diverged) {
+  at::Tensor loss = at::empty({a.E}, param.options());
+  AT_DISPATCH_FLOATING_TYPES(dtype, "static_ensemble_grad", [&] {
+    const scalar_t* xs = draw != nullptr ? nullptr : x.const_data_ptr<scalar_t>();
+    const scalar_t* ts = draw != nullptr ? nullptr : target.const_data_ptr<scalar_t>();
+    auto run = [&](auto members) {
+      members(a, xs, ts, draw, param.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(),
+              segments.const_data_ptr<int64_t>(), diverged.data_ptr<bool>(), loss.data_ptr<scalar_t>());
+    };
 #ifdef NALU_CPU_HAVE_AVX2
-    if (cpu::use_avx2()) {
-      avx2::all_members<scalar_t>(a, x, target, param, grad, segments, diverged, loss.data_ptr<scalar_t>());
-      return;
-    }
+    if (cpu::use_avx2()) return run(avx2::all_members<scalar_t>);
 #endif
-    base::all_members<scalar_t>(a, x, target, param, grad, segments, diverged, loss.data_ptr<scalar_t>());
+    run(base::all_members<scalar_t>);
   });
   return loss;
 }
@@ -164,7 +238,7 @@ at::Tensor static_ensemble_grad(const at::Tensor& x, const at::Tensor& target, c
                                 c10::string_view model, double eps, double reg_weight) {
   const StepArgs a = check_step("static_ensemble_grad", x, target, param, grad, segments, diverged,
                                 std::string(model), eps, reg_weight);
-  return grad_impl(a, x, target, param, grad, segments, diverged);
+  return grad_impl(a, x.scalar_type(), x, target, nullptr, param, grad, segments, diverged);
 }
 
 // The NMU model's projection after the optimiser step: NAU W to [-1, 1], NMU W to [0, 1].
@@ -177,19 +251,21 @@ void project(const StepArgs& a, T* param, const int64_t* seg) {
   }
 }
 
-at::Tensor static_ensemble_step(const at::Tensor& x, const at::Tensor& target, const at::Tensor& param,
-                                const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-                                const at::Tensor& segments, const at::Tensor& diverged, bool freeze,
-                                c10::string_view model, double eps, double reg_weight, double lr, double beta1,
-                                double beta2, double adam_eps, int64_t step) {
-  constexpr const char* kOp = "static_ensemble_step";
-  const StepArgs a = check_step(kOp, x, target, param, grad, segments, diverged, std::string(model), eps, reg_weight);
+// Adam's moments, checked like param.
+void check_moments(const char* op, const at::Tensor& param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                   int64_t step) {
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}})
-    check_cpu_tensor(kOp, name, *t, c10::str("a contiguous CPU tensor like param (", describe(param), ")"),
+    check_cpu_tensor(op, name, *t, c10::str("a contiguous CPU tensor like param (", describe(param), ")"),
                      t->defined() && t->scalar_type() == param.scalar_type() && t->dim() == 1 &&
                          t->numel() == param.numel());
-  TORCH_CHECK(step >= 1, kOp, ": argument 'step' must be at least 1 (the Adam step count after this step), got ", step);
-  at::Tensor loss = grad_impl(a, x, target, param, grad, segments, diverged);
+  TORCH_CHECK(step >= 1, op, ": argument 'step' must be at least 1 (the Adam step count after this step), got ", step);
+}
+
+// The optimiser's part of a step, after the gradient: FlatAdam's step, the divergence flags, the
+// NMU model's projection.
+void optimiser_step(const StepArgs& a, const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                    const at::Tensor& exp_avg_sq, const at::Tensor& segments, const at::Tensor& diverged, bool freeze,
+                    double lr, double beta1, double beta2, double adam_eps, int64_t step) {
   // eager_step's order: frozen = the diverged members (this step's included) once any divergence is
   // known (freeze), else none; then the members with a non-finite gradient are diverged too
   const at::Tensor frozen = freeze ? diverged.clone() : at::zeros_like(diverged);
@@ -197,10 +273,66 @@ at::Tensor static_ensemble_step(const at::Tensor& x, const at::Tensor& target, c
                                               beta2, adam_eps, step);
   diverged.logical_or_(nonfinite);
   if (a.model == Model::kNmu) {
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), kOp, [&] {
+    AT_DISPATCH_FLOATING_TYPES(param.scalar_type(), "static_ensemble_step", [&] {
       project<scalar_t>(a, param.data_ptr<scalar_t>(), segments.const_data_ptr<int64_t>());
     });
   }
+}
+
+at::Tensor static_ensemble_step(const at::Tensor& x, const at::Tensor& target, const at::Tensor& param,
+                                const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                                const at::Tensor& segments, const at::Tensor& diverged, bool freeze,
+                                c10::string_view model, double eps, double reg_weight, double lr, double beta1,
+                                double beta2, double adam_eps, int64_t step) {
+  constexpr const char* kOp = "static_ensemble_step";
+  const StepArgs a = check_step(kOp, x, target, param, grad, segments, diverged, std::string(model), eps, reg_weight);
+  check_moments(kOp, param, exp_avg, exp_avg_sq, step);
+  at::Tensor loss = grad_impl(a, x.scalar_type(), x, target, nullptr, param, grad, segments, diverged);
+  optimiser_step(a, param, grad, exp_avg, exp_avg_sq, segments, diverged, freeze, lr, beta1, beta2, adam_eps, step);
+  return loss;
+}
+
+// The draw's arguments, checked: state (S, 4), weights (S, I, 2), ops (E / S names), batch B.
+StepArgs check_draw(const char* op, const at::Tensor& state, const at::Tensor& weights, const std::vector<TargetOp>& ops,
+                    double lo, double hi, int64_t batch, const at::Tensor& diverged) {
+  StepArgs a{};
+  check_cpu_tensor(op, "state", state, "a contiguous int64 CPU tensor of shape (S, 4) (numpy's SFC64 words, one row "
+                   "per seed)", state.defined() && state.scalar_type() == at::kLong && state.dim() == 2 &&
+                   state.size(0) >= 1 && state.size(1) == 4);
+  const int64_t S = state.size(0);
+  check_cpu_tensor(op, "weights", weights, c10::str("a contiguous float64 CPU tensor of shape (", S, ", I, 2) (the "
+                   "subset masks, one per seed)"), weights.defined() && weights.scalar_type() == at::kDouble &&
+                   weights.dim() == 3 && weights.size(0) == S && weights.size(1) >= 1 && weights.size(2) == 2);
+  a.I = weights.size(1), a.B = batch;
+  TORCH_CHECK(!ops.empty(), op, ": argument 'ops' must name at least one operation, got none");
+  a.E = S * static_cast<int64_t>(ops.size());
+  TORCH_CHECK(diverged.defined() && diverged.dim() == 1 && diverged.numel() == a.E, op, ": argument 'diverged' must "
+              "have one flag per member, S * len(ops) = ", a.E, ", got ", describe(diverged));
+  TORCH_CHECK(batch >= 1 && (batch * a.I) % 2 == 0, op, ": argument 'batch' must be >= 1 with batch * I even (a "
+              "step's draw ends on a whole 64-bit word), got batch ", batch, " for I = ", a.I);
+  TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), op, ": arguments 'lo' and 'hi' must be finite, got ", lo, ", ", hi);
+  return a;
+}
+
+at::Tensor static_ensemble_step_drawn(const at::Tensor& state, const at::Tensor& weights, at::IntArrayRef ops,
+                                      double lo, double hi, bool raw, int64_t batch, const at::Tensor& param,
+                                      const at::Tensor& grad, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
+                                      const at::Tensor& segments, const at::Tensor& diverged, bool freeze,
+                                      c10::string_view model, double eps, double reg_weight, double lr, double beta1,
+                                      double beta2, double adam_eps, int64_t step) {
+  constexpr const char* kOp = "static_ensemble_step_drawn";
+  std::vector<TargetOp> codes;
+  for (const int64_t code : ops) codes.push_back(target_op(kOp, code));
+  StepArgs a = check_draw(kOp, state, weights, codes, lo, hi, batch, diverged);
+  check_params(kOp, a, at::kFloat, "a contiguous float32 CPU tensor (the drawn inputs' dtype)", param, grad, segments,
+               diverged, std::string(model), eps, reg_weight);
+  check_moments(kOp, param, exp_avg, exp_avg_sq, step);
+  at::Tensor state_out = state.clone();
+  const Draw d{state.const_data_ptr<int64_t>(), state_out.data_ptr<int64_t>(), weights.const_data_ptr<double>(),
+               codes.data(), state.size(0), lo, hi, raw};
+  at::Tensor loss = grad_impl(a, at::kFloat, at::Tensor(), at::Tensor(), &d, param, grad, segments, diverged);
+  state.copy_(state_out);
+  optimiser_step(a, param, grad, exp_avg, exp_avg_sq, segments, diverged, freeze, lr, beta1, beta2, adam_eps, step);
   return loss;
 }
 
@@ -211,4 +343,5 @@ at::Tensor static_ensemble_step(const at::Tensor& x, const at::Tensor& target, c
 TORCH_LIBRARY_IMPL(nalu_cuda, CPU, m) {
   m.impl("static_ensemble_grad", &nalu_cuda::training::static_ensemble_grad);
   m.impl("static_ensemble_step", &nalu_cuda::training::static_ensemble_step);
+  m.impl("static_ensemble_step_drawn", &nalu_cuda::training::static_ensemble_step_drawn);
 }

@@ -310,9 +310,8 @@ void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double l
               ", hi = ", hi);
   TORCH_CHECK(weights.has_value() == sums.has_value(), kFn, ": weights and sums come together, got ",
               weights.has_value() ? "weights without sums" : "sums without weights");
-  RowSums rs{};
-  std::vector<int64_t> spans;
-  std::vector<double> wt;
+  const double* wp = nullptr;
+  int64_t seg = 1, K = 0;
   if (weights.has_value()) {
     const at::Tensor& w = *weights;
     const at::Tensor& o = *sums;
@@ -320,7 +319,7 @@ void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double l
                     w.size(0) == gens && w.size(1) >= 1,
                 kFn, ": weights must be a contiguous float64 CPU tensor of shape (G, seg, K) with G = ", gens,
                 " and seg >= 1, got a ", describe(w));
-    const int64_t seg = w.size(1), K = w.size(2);
+    seg = w.size(1), K = w.size(2);
     TORCH_CHECK(n % seg == 0, kFn, ": out's rows of n = ", n, " values must split into segments of seg = ", seg,
                 " (weights.size(1)), got a remainder of ", n % seg);
     const int64_t segs = n / seg;
@@ -329,7 +328,20 @@ void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double l
                 kFn, ": sums must be a contiguous float64 CPU tensor of shape (rows, G, n / seg, K) = (", rows, ", ",
                 gens, ", ", segs, ", ", K, "), got a ", describe(o));
     TORCH_CHECK(batched, kFn, ": weights and sums need a state of shape (G, 4), got ", state.sizes());
-    const double* wp = w.const_data_ptr<double>();
+    wp = w.const_data_ptr<double>();
+  }
+  const FillBlocks f{gens, rows, n, batched ? out.stride(1) : 0, out.stride(0), lo, hi, raw, wp, seg, K,
+                     weights.has_value() ? sums->data_ptr<double>() : nullptr};
+  sfc64_fill_blocks(reinterpret_cast<uint64_t*>(state.data_ptr<int64_t>()), out.data_ptr<float>(), f);
+}
+
+void sfc64_fill_blocks(uint64_t* states, float* data, const FillBlocks& f) {
+  const int64_t gens = f.gens, seg = f.seg, K = f.K;
+  RowSums rs{};
+  std::vector<int64_t> spans;
+  std::vector<double> wt;
+  if (f.weights != nullptr) {
+    const double* wp = f.weights;
     spans.resize(static_cast<size_t>(gens * K * 2));
     wt.resize(static_cast<size_t>(gens * K * seg));
     for (int64_t g = 0; g < gens; ++g) {
@@ -346,20 +358,17 @@ void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double l
         spans[(g * K + k) * 2 + 1] = last < 0 ? 0 : last + 1;
       }
     }
-    rs = RowSums{wt.data(), spans.data(), o.data_ptr<double>(), gens, seg, K, segs, &reduce_row};
+    rs = RowSums{wt.data(), spans.data(), f.sums, gens, seg, K, f.n / seg, &reduce_row};
 #ifdef NALU_FILL_HAVE_AVX2
     if (cpu::use_avx2()) rs.reduce = &reduce_row_avx2;
 #endif
   }
-  const RowSums* row_sums = weights.has_value() ? &rs : nullptr;
-  const int64_t total = rows * n;
+  const RowSums* row_sums = f.weights != nullptr ? &rs : nullptr;
+  const int64_t total = f.rows * f.n;
   if (total == 0 || gens == 0) return;
 
-  const Mapping m{static_cast<float>(hi - lo), static_cast<float>(lo), raw};
-  auto* states = reinterpret_cast<uint64_t*>(state.data_ptr<int64_t>());
-  float* data = out.data_ptr<float>();
-  const int64_t row_stride = out.stride(0), gen_stride = batched ? out.stride(1) : 0;
-  auto cursor = [&](int64_t g) { return Cursor{data + g * gen_stride, n, row_stride, 0, 0, g, row_sums}; };
+  const Mapping m{static_cast<float>(f.hi - f.lo), static_cast<float>(f.lo), f.raw};
+  auto cursor = [&](int64_t g) { return Cursor{data + g * f.gen_stride, f.n, f.row_stride, 0, 0, g, row_sums}; };
 
   int64_t g = 0;
 #ifdef NALU_FILL_HAVE_AVX2

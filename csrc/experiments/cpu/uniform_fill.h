@@ -32,5 +32,20 @@ void sfc64_uniform_fill(const at::Tensor& state, const at::Tensor& out, double l
                         const std::optional<at::Tensor>& weights = std::nullopt,
                         const std::optional<at::Tensor>& sums = std::nullopt);
 
+// The same fill on raw memory, for callers that have checked their arguments (sfc64_uniform_fill
+// above; the static step's in-call draw, csrc/experiments/cpu/ensemble_step.cpp): generator g <
+// gens (words states[4 g .. 4 g + 3], advanced in place) fills rows x n values, row r at
+// data + g * gen_stride + r * row_stride; with `weights` (gens, seg, K) float64, not null, also
+// sums (rows, gens, n / seg, K) as above.
+struct FillBlocks {
+  int64_t gens, rows, n, gen_stride, row_stride;
+  double lo, hi;
+  bool raw;
+  const double* weights;
+  int64_t seg, K;
+  double* sums;
+};
+void sfc64_fill_blocks(uint64_t* states, float* data, const FillBlocks& f);
+
 }  // namespace training
 }  // namespace nalu_cuda

@@ -15,8 +15,18 @@ CPU in float32 or float64, trained by a plain :class:`~.optim.FlatAdam` (one lea
 clipping) over exactly the model's parameters, from ``batch_fn`` (not resident), with no module or
 parameter hooks and none of the trainer's hooks but the ones :func:`.arithmetic_models.training_hooks`
 builds for the model. Otherwise the autograd step runs, which is also the reference the native step
-is tested against (``python_tests/test_native_step.py``) and the default: the native step runs only
-with ``train_ensemble(native=True)`` (the static task's ``--native-step``).
+is tested against (``python_tests/test_native_step.py``). The native step runs with
+``train_ensemble(native=True)``: the static task's default (``--autograd-step`` forces the autograd
+step; ``train_ensemble``'s own default stays the autograd step).
+
+Data made where it is used: where ``batch_fn`` names its :class:`~.uniform_stream.UniformStream`
+(the static task's does; :func:`in_call_stream` says when it applies), the step does not call
+``batch_fn``: each member draws its own batch inside the call, in its own thread, from its seed's
+SFC64 state, with the targets in the same pass (``nalu_cuda::static_ensemble_step_drawn``), exactly
+the values the stream would have given, and the stream draws nothing ahead any more. Values the
+stream had drawn already (the rest of a chunk, the chunk drawn ahead) are used first, through
+``batch_fn``. Otherwise (float64 models, a union of ranges, ``batch * input_size`` odd, another
+``batch_fn``) the step takes ``batch_fn``'s batches as before.
 """
 from __future__ import annotations
 
@@ -25,8 +35,9 @@ from typing import Callable, Optional, Tuple
 import torch
 
 import nalu_cuda
+from nalu_cuda import _ops
 
-__all__ = ["NATIVE_MODELS", "native_step", "model_layers"]
+__all__ = ["NATIVE_MODELS", "native_step", "model_layers", "in_call_stream"]
 
 # model name -> the layer classes of its two layers
 NATIVE_MODELS = {"nac": ("NAC", "NAC"), "nalu": ("NALU", "NALU"), "nmu": ("NAU", "NMU")}
@@ -66,8 +77,6 @@ def _units_match(name: str, model, units) -> bool:
 def native_step(training) -> Optional[Callable[[int], None]]:
     """The native step of an :class:`~.training.EnsembleTraining` (a function of the step), or None
     where it does not apply (see the module docstring)."""
-    from nalu_cuda import _ops
-
     from .optim import FlatAdam
     from .training import EnsembleTraining
 
@@ -91,14 +100,40 @@ def native_step(training) -> Optional[Callable[[int], None]]:
     segments = opt._native_step(E)[1]
     schedule = getattr(o.units.regularizer, "native_sparsity", (None, None))[1]
     op = torch.ops.nalu_cuda.static_ensemble_step
+    stream, draw = in_call_stream(o.data.batch_fn, opt.flat.dtype, E)
 
     def step(k: int) -> None:
-        x, target = o.data.batch_fn(k)
         weight = float(schedule.weight(k)) if schedule is not None else 0.0
         opt.step_count += 1
-        loss = op(x.contiguous(), target.contiguous(), opt.flat, opt.grad, opt.exp_avg, opt.exp_avg_sq, segments,
-                  training.diverged, training.any_diverged, name, eps, weight, opt.lr, opt.beta1, opt.beta2, opt.eps,
-                  opt.step_count)
+        words = stream.draw_words() if draw is not None else None
+        if words is not None:  # the batch drawn in the call, as the stream would have drawn it
+            loss = torch.ops.nalu_cuda.static_ensemble_step_drawn(
+                words, draw["weights"], draw["ops"], draw["lo"], draw["hi"], draw["raw"], draw["batch"], opt.flat,
+                opt.grad, opt.exp_avg, opt.exp_avg_sq, segments, training.diverged, training.any_diverged, name, eps,
+                weight, opt.lr, opt.beta1, opt.beta2, opt.eps, opt.step_count)
+        else:
+            x, target = o.data.batch_fn(k)
+            loss = op(x.contiguous(), target.contiguous(), opt.flat, opt.grad, opt.exp_avg, opt.exp_avg_sq, segments,
+                      training.diverged, training.any_diverged, name, eps, weight, opt.lr, opt.beta1, opt.beta2,
+                      opt.eps, opt.step_count)
         training.loss_acc.add_(loss.double())
 
     return step
+
+
+def in_call_stream(batch_fn, dtype: torch.dtype, E: int):
+    """``(stream, draw)`` where the native step can draw ``batch_fn``'s batches itself: ``batch_fn``
+    names its :class:`~.uniform_stream.UniformStream` (attribute ``uniform_stream``, as the static
+    task's does), the model is float32 (the stream's dtype), the ensemble is the stream's seeds
+    times its ops and the stream allows it (:meth:`~.uniform_stream.UniformStream.in_call_draw`);
+    else ``(None, None)``: the step calls ``batch_fn``."""
+    from .uniform_stream import UniformStream
+
+    stream = getattr(batch_fn, "uniform_stream", None)
+    if not isinstance(stream, UniformStream) or dtype != torch.float32 or not _ops.has_kernel(
+            "cpu", "static_ensemble_step_drawn"):
+        return None, None
+    draw = stream.in_call_draw()
+    if draw is None or len(stream.seeds) * len(draw["ops"]) != E:
+        return None, None
+    return stream, draw

@@ -306,10 +306,10 @@ class StepOptions:
     ``native``: where the model is one the native step implements (the static task's NAC, NALU and
     NMU models on the CPU, :mod:`.native_step`), each step (not resident) is one native call
     (``nalu_cuda::static_ensemble_step``) instead of the autograd step; the same numbers up to float
-    rounding (``python_tests/test_native_step.py`` states the tolerances). Off by default (the
-    autograd step, :meth:`EnsembleTraining.eager_step`, the reference and the published runs'
-    numbers): at 100 members on one core it is not yet faster than the autograd step with the fused
-    layers (benchmarks/RESULTS.md, section 20)."""
+    rounding (``python_tests/test_native_step.py`` states the tolerances). Off by default here (the
+    autograd step, :meth:`EnsembleTraining.eager_step`, is the library's reference); the static task
+    turns it on by default (``--autograd-step`` turns it off), being faster for all three models
+    (benchmarks/RESULTS.md, section 20)."""
 
     resident: bool = False
     graph: bool = False

@@ -19,7 +19,10 @@ from torch import Tensor
 from .arithmetic_ops import Range, apply_op, canonical_op
 from .seeding import seed_for
 
-__all__ = ["UniformStream", "SumTargets"]
+__all__ = ["UniformStream", "SumTargets", "TARGET_OP_CODES"]
+
+# The operations of SumTargets by their code in nalu_cuda::static_ensemble_step_drawn.
+TARGET_OP_CODES = ("add", "sub", "mul", "div", "squared", "root")
 
 
 
@@ -107,6 +110,7 @@ class UniformStream:
         self._pool = None
         self._pending = None
         self._spares: List[np.ndarray] = []
+        self._words: Optional[Tensor] = None  # the generators' states while a caller draws in-call
         if prefetch:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -202,7 +206,49 @@ class UniformStream:
         sel = np.random.Generator(bg).random(n).reshape(out.shape) if select is None else np.where(select, 0.75, 0.25)
         out[...] = self.range._map(np.ascontiguousarray(out), None, select=sel)
 
+    def in_call_draw(self) -> Optional[Dict]:
+        """What a caller needs to draw this stream's batches itself, bit for bit (the native static
+        step, ``nalu_cuda::static_ensemble_step_drawn``): ``lo``, ``hi``, ``raw``, ``weights``
+        (``(S, I, 2)`` float64 tensor), ``ops`` (codes, :data:`TARGET_OP_CODES`) and ``batch``; None
+        where it cannot: a union of ranges, no :class:`SumTargets` of two sums, inputs not
+        ``(B, I)``, ``B * I`` odd (a batch would end inside a 64-bit word), or the native fill
+        switched off (``_USE_NATIVE_FILL``, for tests)."""
+        ivs = self.range.intervals
+        t = self.transform
+        if (not _USE_NATIVE_FILL or len(ivs) != 1 or not isinstance(t, SumTargets) or t.weights.shape[2] != 2 or len(self.shape) != 2
+                or self._n % 2 or t.weights.shape[:2] != (len(self.seeds), self.shape[1])):
+            return None
+        return {"lo": float(ivs[0][0]), "hi": float(ivs[0][1]), "raw": ivs == ((1.0, 2.0),),
+                "weights": torch.from_numpy(t.weights), "ops": [TARGET_OP_CODES.index(op) for op in t.ops],
+                "batch": self.shape[0]}
+
+    def draw_words(self) -> Optional[Tensor]:
+        """The generators' states, ``(S, 4)`` int64 (numpy's uint64 words), for a caller that draws
+        the next batch itself and advances them in place; None while values drawn by the stream
+        itself are waiting (the rest of a chunk, or the chunk drawn ahead): take those with
+        :meth:`next`. The first call stops the drawing ahead; :meth:`next` and :meth:`state_dict`
+        read the states back."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)  # the chunk it drew stays in _pending, for next()
+            self._pool = None
+        if self._pending is not None or (self._buffer is not None and self._pos < self.chunk):
+            return None
+        if self._words is None:
+            words = np.stack([bg.state["state"]["state"] for bg in self._bitgens]).view(np.int64)
+            self._words = torch.from_numpy(np.ascontiguousarray(words))
+            self._buffer = self._extra = None
+        return self._words
+
+    def _sync(self) -> None:
+        """Back from in-call drawing: the generators take the states the caller advanced."""
+        if self._words is not None:
+            for bg, new in zip(self._bitgens, self._words.numpy().view(np.uint64)):
+                st = bg.state
+                bg.state = {**st, "state": {"state": new.copy()}}  # has_uint32 / uinteger unchanged
+            self._words = None
+
     def next(self):
+        self._sync()
         if self._buffer is None or self._pos >= self.chunk:
             self._fill()
         x = self._buffer[self._pos]
@@ -212,12 +258,14 @@ class UniformStream:
 
     def state_dict(self) -> Dict:
         """Plain Python (ints, lists, dicts): loadable with ``torch.load(weights_only=True)``."""
+        self._sync()
         states = [bg.state for bg in self._bitgens] if self._buffer is None else self._chunk_states
         return {"states": [_plain_state(st) for st in states], "pos": None if self._buffer is None else self._pos}
 
     def load_state_dict(self, state: Dict) -> None:
         if len(state["states"]) != len(self._bitgens):
             raise ValueError("stream checkpoint has a different number of members")
+        self._words = None
         if self._pending is not None:
             self._pending.result()
             self._pending = None

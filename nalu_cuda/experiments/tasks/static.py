@@ -147,6 +147,9 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
         x, t = x.to(dev, non_blocking=True), t.to(dev, non_blocking=True)
         return (x if len(ops) == 1 else x.repeat(len(ops), 1, 1)), t
 
+    if not resident:
+        batch_fn.uniform_stream = stream  # the native step draws the stream's batches in-call (parts/native_step.py)
+
     def fixed_set(name: str, rng_range: ar.Range, n: int) -> EvalSet:
         rng = np.random.default_rng(ar.seed_for(p.data_seed, name))
         x = torch.from_numpy(rng_range.sample(rng, (n, I))).float()
