@@ -74,11 +74,12 @@ def _units_match(name: str, model, units) -> bool:
     return reg_ok and getattr(units.project, "native_projection", None) is model
 
 
-def native_step(training) -> Optional[Callable[[int], None]]:
+def native_step(training, base: type) -> Optional[Callable[[int], None]]:
     """The native step of an :class:`~.training.EnsembleTraining` (a function of the step), or None
-    where it does not apply (see the module docstring)."""
+    where it does not apply (see the module docstring). ``base`` is ``EnsembleTraining`` itself
+    (passed in, so that this module does not import the trainer that imports it): a subclass
+    that overrides one of its step hooks keeps the autograd step."""
     from .optim import FlatAdam
-    from .training import EnsembleTraining
 
     o, model, opt, E = training.options, training.model, training.opt, training.E
     found = model_layers(model)
@@ -92,7 +93,7 @@ def native_step(training) -> Optional[Callable[[int], None]]:
             or opt._native_step(E) is None or not _units_match(name, model, o.units)):
         return None
     for hook in ("training_loss", "loss_penalty", "clip_gradients", "after_step", "gradients", "eager_step"):
-        if getattr(type(training), hook) is not getattr(EnsembleTraining, hook):
+        if getattr(type(training), hook) is not getattr(base, hook):
             return None
     eps = float(getattr(layers[0], "eps", 0.0))
     if name == "nalu" and layers[1].eps != eps:

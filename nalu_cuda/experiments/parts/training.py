@@ -586,7 +586,7 @@ class EnsembleTraining:
     def _step_runner(self) -> Callable[[int], None]:
         s = self.options.step
         if not s.resident:
-            step = native_step(self)
+            step = native_step(self, EnsembleTraining)
             self.step_path = "autograd" if step is None else "native"
             return self.eager_step if step is None else step
         self.step_path = "resident"
