@@ -207,6 +207,11 @@ class _StableUnit:
         """Their ``regualizer()``: each of their modules' entries logged as ``regualizer/{key}`` under its
         namespace, and summed into a ``defaultdict(int)`` (``merge_in``'s entries too)."""
         out = defaultdict(int)
+        if not merge_in and not self._logging():  # the common case: nothing to log, entries merged in order
+            for _, entries in self._own_regualizers():
+                for key, value in entries.items():
+                    _merge(out, key, value)
+            return out
         for key, value in (merge_in or {}).items():
             if self._logging():
                 self.writer.add_scalar(f"regualizer/{key}", value)

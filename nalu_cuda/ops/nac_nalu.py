@@ -528,7 +528,9 @@ class NALU(_ArithmeticLayer):
             fn = nalu_parts if fused else reference_nalu_parts
             y, a, m, g = fn(x, self.W_hat, self.M_hat, self.G, self.W_hat_m, self.M_hat_m, self.eps, self.gate,
                             G_bias=self.G_bias)
-            self.parts = NaluParts(a, m, g)
+            # a plain attribute (never a parameter, buffer or module): set directly, without
+            # nn.Module.__setattr__'s registry checks, on every call
+            object.__setattr__(self, "parts", NaluParts(a, m, g))
             return y
         fn = nalu if fused else reference_nalu
         return fn(x, self.W_hat, self.M_hat, self.G, self.W_hat_m, self.M_hat_m, self.eps, self.gate,

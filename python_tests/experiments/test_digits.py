@@ -204,3 +204,14 @@ def test_report_section(tmp_path):
     text = digits.report_section(results, str(tmp_path))
     assert "Table 2" in text and "| NAC |" in text and "length 20" in text
     assert os.path.exists(tmp_path / "digits_lengths.png")
+
+
+def test_decisive_profile_pretrains_the_cnn_for_counting():
+    """The decisive profile runs what the paper profile left undecided: counting, every model, the
+    paper's budget, with the CNN pre-trained first (addition is decided by the paper profile)."""
+    paper = {c.name: c for c in digits.profile_configs("paper")}
+    decisive = digits.profile_configs("decisive")
+    assert [c.name for c in decisive] == [f"counting-{m}" for m in digits.MODELS]
+    for c in decisive:
+        assert (c.seeds, c.steps) == (paper[c.name].seeds, paper[c.name].steps)
+        assert c.params["pretrain_steps"] > 0 and not paper[c.name].params.get("pretrain_steps")
