@@ -100,12 +100,30 @@ void col_sums(const T* const* Y, const T* const* c, int64_t cs, const int* into,
         store(p, i + L + l, acc[p][1][l]);
       }
   }
-  for (; i < In; ++i)
+  // the columns left (fewer than 2 L: the narrow inputs of a recurrent cell are nothing else): one
+  // block of L, then the rest side by side; every column's sum is over b in increasing order from
+  // 0, as in the blocks above (the same bits whichever path a column takes)
+  if (i + L <= In) {
+    Lanes<T> acc[NP] = {};
+    for (int64_t b = 0; b < B; ++b)
+      for (int p = 0; p < NP; ++p) {
+        Lanes<T> y;
+        load_lanes(y, Y[p] + b * In + i);
+        acc[p] += y * c[p][b * cs];
+      }
+    for (int p = 0; p < NP; ++p)
+      for (int64_t l = 0; l < L; ++l) store(p, i + l, acc[p][l]);
+    i += L;
+  }
+  const int64_t r = In - i;
+  T acc[NP][L] = {};
+  for (int64_t b = 0; b < B && r > 0; ++b)
     for (int p = 0; p < NP; ++p) {
-      T s = 0;
-      for (int64_t b = 0; b < B; ++b) s += Y[p][b * In + i] * c[p][b * cs];
-      store(p, i, s);
+      const T k = c[p][b * cs], *y = Y[p] + b * In + i;
+      for (int64_t j = 0; j < r; ++j) acc[p][j] += y[j] * k;
     }
+  for (int64_t j = 0; j < r; ++j)
+    for (int p = 0; p < NP; ++p) store(p, i + j, acc[p][j]);
 }
 
 // One layer of one member: u (B, In) -> y (B, Out), its parameters p[0..2] (each (In, Out)
@@ -259,6 +277,11 @@ void nmu_row_backward(const T* u, const T* w, int64_t In, T dy, T* dWt, T* du, T
 template <typename T>
 void Layer<T>::backward_input(const T* u, const T* dy, T* du) {
   std::fill(du, du + B * In, T(0));
+  if (kind == Kind::kNalu) {  // d log(|u| + eps) / du, once per element (into lu: the forward's logs are used up)
+    T* l = lu.data();
+#pragma omp simd
+    for (int64_t k = 0; k < B * In; ++k) l[k] = math::log_abs_grad(u[k], eps);
+  }
   for (int64_t b = 0; b < B; ++b)
     for (int64_t o = 0; o < Out; ++o) {
       const T* w = Wt.data() + o * In;
@@ -267,9 +290,9 @@ void Layer<T>::backward_input(const T* u, const T* dy, T* du) {
         for (int64_t i = 0; i < In; ++i) db[i] += dy[b * Out + o] * w[i];
         continue;
       }
-      const T *qb = q.data() + (o * B + b) * 3, *ub = u + b * In;
-      for (int64_t i = 0; i < In; ++i)
-        db[i] += qb[0] * w[i] + qb[1] * w[i] * math::log_abs_grad(ub[i], eps) + qb[2] * Gt[o * In + i];
+      const T *qb = q.data() + (o * B + b) * 3, *lg = lu.data() + b * In, *G = Gt.data() + o * In;
+#pragma omp simd
+      for (int64_t i = 0; i < In; ++i) db[i] += qb[0] * w[i] + qb[1] * w[i] * lg[i] + qb[2] * G[i];
     }
 }
 

@@ -73,9 +73,12 @@ T recurrent_member(const RecurrentArgs& a, const T* x, const T* t, const Recurre
   w.out.prepare(mp.out);
   for (int64_t s = 0; s < S; ++s) {
     T* u = w.u.data() + s * B * C;
-    for (int64_t b = 0; b < B; ++b) {
-      std::copy(x + (b * S + s) * I, x + (b * S + s + 1) * I, u + b * C);
-      std::copy(s == 0 ? mp.h0 : w.h.data() + b * H, s == 0 ? mp.h0 + H : w.h.data() + (b + 1) * H, u + b * C + I);
+    for (int64_t b = 0; b < B; ++b) {  // (element loops: a library call per row of a few values costs more)
+      const T *xb = x + (b * S + s) * I, *hb = s == 0 ? mp.h0 : w.h.data() + b * H;
+      T* ub = u + b * C;
+#pragma omp simd
+      for (int64_t i = 0; i < I; ++i) ub[i] = xb[i];
+      for (int64_t j = 0; j < H; ++j) ub[I + j] = hb[j];
     }
     w.cells[s].forward(u, w.h.data());
   }
@@ -96,7 +99,8 @@ T recurrent_member(const RecurrentArgs& a, const T* x, const T* t, const Recurre
       for (size_t k = 0; k < w.dW.size(); ++k) w.dW[k] += L.dWt[k];
       for (size_t k = 0; k < w.dG.size(); ++k) w.dG[k] += L.dGt[k];
     }
-    for (int64_t b = 0; b < B; ++b) std::copy(w.du.data() + b * C + I, w.du.data() + (b + 1) * C, w.dh.data() + b * H);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < H; ++j) w.dh[b * H + j] = w.du[b * C + I + j];
   }
   for (int64_t j = 0; j < H; ++j) {  // h0 is broadcast over the rows: the sum of their gradients
     T sum = 0;
