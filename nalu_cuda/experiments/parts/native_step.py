@@ -1,5 +1,10 @@
-"""The static task's training step as one native call per step (``nalu_cuda::static_ensemble_step``,
-``csrc/experiments/cpu/ensemble_step.cpp``), for the models it implements: :data:`NATIVE_MODELS`.
+"""The static and recurrent tasks' training steps as one native call per step: the static task's
+(``nalu_cuda::static_ensemble_step``, ``csrc/experiments/cpu/ensemble_step.cpp``) for the models
+it implements, :data:`NATIVE_MODELS`, and the recurrent task's (``nalu_cuda::recurrent_ensemble_step``,
+``csrc/experiments/cpu/recurrent_step.cpp``) for its :class:`~.arithmetic_models.RecurrentNet`
+models :data:`RECURRENT_NATIVE_MODELS` (NAC and NALU: the cell over ``concat(x_t, h_{t-1})`` from
+the learned ``h0``, the output layer on the last state, backpropagation through time in the call;
+:func:`recurrent_layers` says which qualify, ``python_tests/test_recurrent_native_step.py`` tests it).
 
 One call does what :meth:`.training.EnsembleTraining.eager_step` does with autograd for these
 models: the forward through both layers, each member's MSE, the divergence check of the objective,
@@ -16,8 +21,10 @@ clipping) over exactly the model's parameters, from ``batch_fn`` (not resident),
 parameter hooks and none of the trainer's hooks but the ones :func:`.arithmetic_models.training_hooks`
 builds for the model. Otherwise the autograd step runs, which is also the reference the native step
 is tested against (``python_tests/test_native_step.py``). The native step runs with
-``train_ensemble(native=True)``: the static task's default (``--autograd-step`` forces the autograd
-step; ``train_ensemble``'s own default stays the autograd step).
+``train_ensemble(native=True)``: the static and recurrent tasks' default (``--autograd-step`` forces
+the autograd step; ``train_ensemble``'s own default stays the autograd step). The recurrent step
+has the same conditions, with no unit hooks at all (its NAC and NALU models have none) and no
+clipping (``--clip`` keeps the autograd step), and no in-call draw: it takes ``batch_fn``'s batches.
 
 Data made where it is used: where ``batch_fn`` names its :class:`~.uniform_stream.UniformStream`
 (the static task's does; :func:`in_call_stream` says when it applies), the step does not call
