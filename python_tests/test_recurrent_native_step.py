@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not _ops.has_kernel("cpu", "recurrent_ensemble_s
 
 I, H, STEPS = 4, 2, 12
 MODELS = tuple(RECURRENT_NATIVE_MODELS)
-SHAPES = [(5, 16, 10), (3, 7, 1), (2, 33, 4)]  # (E, B, T)
+SHAPES = [(5, 16, 10), (3, 7, 1), (2, 33, 4), (2, 1, 3)]  # (E, B, T): B a multiple of the lane width, not, 1
 
 
 def _batches(dtype, E, B, T, steps=STEPS, seed=0, bad=None):
@@ -118,6 +118,30 @@ def test_one_gradient_matches_autograd_float64(name):
     got = torch.ops.nalu_cuda.recurrent_ensemble_grad(**{**_grad_args(args), "diverged": diverged.clone()})
     torch.testing.assert_close(args["grad"], want, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(got, loss.detach(), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("B", [1, 5, 8, 13])
+def test_padding_lanes_stay_out_of_the_sums(dtype, B):
+    """The kernels hold the rows in whole lane vectors; the padding lanes past B see the log path's
+    log(eps) and, with every cell weight -1, an exp that overflows in float32 (Inf, and NaN in its
+    gradient), which must reach neither the MSE nor a gradient: the op's gradient against
+    autograd's, finite."""
+    model, args = _op_args("nalu", dtype, E=3, B=B, T=4)
+    with torch.no_grad():
+        model.cell.W_hat.fill_(-20.0)
+        model.cell.M_hat.fill_(20.0)
+    opt = FlatAdam(model.parameters(), 1e-3, ensemble=3)
+    args.update(param=opt.flat, grad=opt.grad, segments=opt._native_step(3)[1])
+    loss = (model(args["x"]) - args["target"]).reshape(3, -1).pow(2).mean(1)
+    loss.sum().backward()
+    want = args["grad"].clone()
+    assert torch.isfinite(want).all()
+    got = torch.ops.nalu_cuda.recurrent_ensemble_grad(**_grad_args(args))
+    rtol = 1e-10 if dtype == torch.float64 else 1e-3  # (relative to the largest: float32 sums of large terms,
+    # the autograd step and the earlier row-major kernels 1.3e-4 apart on the loss at B = 13)
+    torch.testing.assert_close(args["grad"], want, rtol=0, atol=rtol * want.abs().max().item())
+    torch.testing.assert_close(got, loss.detach(), rtol=rtol, atol=0)
 
 
 @contextlib.contextmanager
