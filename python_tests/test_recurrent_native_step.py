@@ -31,15 +31,15 @@ MODELS = tuple(RECURRENT_NATIVE_MODELS)
 SHAPES = [(5, 16, 10), (3, 7, 1), (2, 33, 4), (2, 1, 3)]  # (E, B, T): B a multiple of the lane width, not, 1
 
 
-def _batches(dtype, E, B, T, steps=STEPS, seed=0, bad=None):
+def _batches(dtype, E, B, T, steps=STEPS, seed=0, bad=None, inputs=I):
     """Fresh random inputs every step, |x| in [0.5, 1.5] with random signs (away from 0 for the log
     path), targets the sums over time of inputs 0 and 1 (a + b) per member; ``bad=(step, member,
     value)`` puts ``value`` into that member's first input of that step."""
     g = torch.Generator().manual_seed(seed)
     out = {}
     for k in range(1, steps + 1):
-        x = torch.rand(E, B, T, I, generator=g, dtype=torch.float64) + 0.5
-        x = x * torch.where(torch.rand(E, B, T, I, generator=g) < 0.3, -1.0, 1.0).double()
+        x = torch.rand(E, B, T, inputs, generator=g, dtype=torch.float64) + 0.5
+        x = x * torch.where(torch.rand(E, B, T, inputs, generator=g) < 0.3, -1.0, 1.0).double()
         t = (x[..., 0] + x[..., 1]).sum(-1, keepdim=True)
         if bad is not None and k == bad[0]:
             x[bad[1], 0, 0, 0] = bad[2]
@@ -47,10 +47,10 @@ def _batches(dtype, E, B, T, steps=STEPS, seed=0, bad=None):
     return out
 
 
-def _model(name, dtype, E, seed=0, **kw):
+def _model(name, dtype, E, seed=0, inputs=I, **kw):
     """The task's model, its weights drawn per member and h0 (zero at initialisation) drawn in
     [0.5, 1] so that the NALU's log path sees no zero state."""
-    model = build_recurrent_model(name, I, H, ensemble=E, **kw)
+    model = build_recurrent_model(name, inputs, H, ensemble=E, **kw)
     model.reset_parameters(member_generators(list(range(seed, seed + E))))
     with torch.no_grad():
         model.h0.copy_(torch.rand(model.h0.shape, generator=torch.Generator().manual_seed(seed + 7)) * 0.5 + 0.5)
@@ -89,10 +89,10 @@ def test_native_step_matches_autograd(name, dtype, atol, E, B, T):
         assert (p - start[k]).abs().max().item() > 10 * atol, k
 
 
-def _op_args(name="nalu", dtype=torch.float64, E=5, B=16, T=6, seed=3):
-    model = _model(name, dtype, E)
+def _op_args(name="nalu", dtype=torch.float64, E=5, B=16, T=6, seed=3, inputs=I):
+    model = _model(name, dtype, E, inputs=inputs)
     opt = FlatAdam(model.parameters(), 1e-3, ensemble=E)
-    x, t = _batches(dtype, E, B, T, steps=1, seed=seed)[1]
+    x, t = _batches(dtype, E, B, T, steps=1, seed=seed, inputs=inputs)[1]
     return model, dict(x=x, target=t, param=opt.flat, grad=opt.grad, exp_avg=opt.exp_avg, exp_avg_sq=opt.exp_avg_sq,
                        segments=opt._native_step(E)[1], diverged=torch.zeros(E, dtype=torch.bool), freeze=False,
                        model=name, eps=float(getattr(model.cell, "eps", 0.0)), lr=1e-3, beta1=0.9, beta2=0.999,
@@ -118,6 +118,24 @@ def test_one_gradient_matches_autograd_float64(name):
     got = torch.ops.nalu_cuda.recurrent_ensemble_grad(**{**_grad_args(args), "diverged": diverged.clone()})
     torch.testing.assert_close(args["grad"], want, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(got, loss.detach(), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("B,T,inputs", [(9, 3, 3), (17, 1, 5), (4, 7, 2)])
+def test_gradient_with_rows_and_values_not_in_whole_lane_blocks(name, dtype, B, T, inputs):
+    """x's T * inputs values per row and B rows that are not whole blocks of the lane width (8
+    floats, 4 doubles) for its transposition into the batch-major layout: the op's gradient
+    against autograd's."""
+    model, args = _op_args(name, dtype, E=2, B=B, T=T, inputs=inputs)
+    loss = (model(args["x"]) - args["target"]).reshape(2, -1).pow(2).mean(1)
+    loss.sum().backward()
+    want = args["grad"].clone()
+    args["grad"].fill_(float("nan"))
+    got = torch.ops.nalu_cuda.recurrent_ensemble_grad(**_grad_args(args))
+    rtol = 1e-10 if dtype == torch.float64 else 1e-4
+    torch.testing.assert_close(args["grad"], want, rtol=0, atol=rtol * want.abs().max().item())
+    torch.testing.assert_close(got, loss.detach(), rtol=rtol, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

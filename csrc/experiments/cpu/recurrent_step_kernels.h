@@ -48,6 +48,67 @@ inline void store_lanes(T* p, const Lanes<T>& v) {
   __builtin_memcpy(p, &v, sizeof v);
 }
 
+// V rows of V values each (V = kLanes: 8 floats, 4 doubles) transposed in place, r[l][k] <- r[k][l]:
+// value moves only, so the bits are kept.
+inline void transpose_lanes(Lanes<float>* r) {
+  typedef int32_t Mask __attribute__((vector_size(32)));
+  Lanes<float> t[8], u[8];
+  for (int p = 0; p < 4; ++p) {  // rows 2p, 2p+1 interleaved within each half: r0 r1 pairs of columns 0 1 4 5, 2 3 6 7
+    t[2 * p] = __builtin_shuffle(r[2 * p], r[2 * p + 1], Mask{0, 8, 1, 9, 4, 12, 5, 13});
+    t[2 * p + 1] = __builtin_shuffle(r[2 * p], r[2 * p + 1], Mask{2, 10, 3, 11, 6, 14, 7, 15});
+  }
+  for (int p = 0; p < 2; ++p) {  // four rows' column c and c + 4 in u[4p + c]
+    u[4 * p] = __builtin_shuffle(t[4 * p], t[4 * p + 2], Mask{0, 1, 8, 9, 4, 5, 12, 13});
+    u[4 * p + 1] = __builtin_shuffle(t[4 * p], t[4 * p + 2], Mask{2, 3, 10, 11, 6, 7, 14, 15});
+    u[4 * p + 2] = __builtin_shuffle(t[4 * p + 1], t[4 * p + 3], Mask{0, 1, 8, 9, 4, 5, 12, 13});
+    u[4 * p + 3] = __builtin_shuffle(t[4 * p + 1], t[4 * p + 3], Mask{2, 3, 10, 11, 6, 7, 14, 15});
+  }
+  for (int c = 0; c < 4; ++c) {  // the halves of rows 0-3 and 4-7 joined
+    r[c] = __builtin_shuffle(u[c], u[4 + c], Mask{0, 1, 2, 3, 8, 9, 10, 11});
+    r[c + 4] = __builtin_shuffle(u[c], u[4 + c], Mask{4, 5, 6, 7, 12, 13, 14, 15});
+  }
+}
+
+inline void transpose_lanes(Lanes<double>* r) {
+  typedef int64_t Mask __attribute__((vector_size(32)));
+  Lanes<double> t[4];
+  for (int p = 0; p < 2; ++p) {  // rows 2p, 2p+1: columns 0 2, 1 3 interleaved
+    t[2 * p] = __builtin_shuffle(r[2 * p], r[2 * p + 1], Mask{0, 4, 2, 6});
+    t[2 * p + 1] = __builtin_shuffle(r[2 * p], r[2 * p + 1], Mask{1, 5, 3, 7});
+  }
+  for (int c = 0; c < 2; ++c) {
+    r[c] = __builtin_shuffle(t[c], t[2 + c], Mask{0, 1, 4, 5});
+    r[c + 2] = __builtin_shuffle(t[c], t[2 + c], Mask{2, 3, 6, 7});
+  }
+}
+
+// One member's x (B, S, I) into the x rows of every step's batch-major input: z[(s C + i) Bp + b]
+// = x[(b S + s) I + i] (C = I + H rows a step). Blocks of kLanes rows by kLanes values, transposed
+// in registers; the values and rows left one by one.
+template <typename T>
+void transpose_inputs(const T* x, int64_t B, int64_t S, int64_t I, int64_t C, int64_t Bp, T* z) {
+  constexpr int64_t V = kLanes<T>;
+  const int64_t K = S * I;  // the values of a row
+  auto row = [&](int64_t k) { return z + ((k / I) * C + k % I) * Bp; };
+  int64_t b = 0;
+  for (; b + V <= B; b += V) {
+    const T* xb = x + b * K;
+    int64_t k = 0;
+    for (; k + V <= K; k += V) {
+      Lanes<T> r[V];
+      for (int64_t l = 0; l < V; ++l) load_lanes(r[l], xb + l * K + k);
+      transpose_lanes(r);
+      for (int64_t c = 0; c < V; ++c) store_lanes(row(k + c) + b, r[c]);
+    }
+    for (; k < K; ++k) {
+      T* zr = row(k) + b;
+      for (int64_t l = 0; l < V; ++l) zr[l] = xb[l * K + k];
+    }
+  }
+  for (; b < B; ++b)
+    for (int64_t k = 0; k < K; ++k) row(k)[b] = x[b * K + k];
+}
+
 // Zero the padding lanes [B, Bp) of `rows` rows of Bp.
 template <typename T>
 inline void zero_padding(T* p, int64_t rows, int64_t B, int64_t Bp) {
@@ -290,12 +351,7 @@ T recurrent_member(const RecurrentArgs& a, const T* x, const T* t, const Recurre
   w.cell.prepare(mp.cell);
   w.out.prepare(mp.out);
   T* z = w.z.data();
-  for (int64_t b = 0; b < B; ++b)  // x_s transposed into the first I rows of step s's input
-    for (int64_t s = 0; s < S; ++s) {
-      const T* xb = x + (b * S + s) * I;
-      T* zs = z + s * C * Bp + b;
-      for (int64_t i = 0; i < I; ++i) zs[i * Bp] = xb[i];
-    }
+  transpose_inputs(x, B, S, I, C, Bp, z);  // x_s into the first I rows of step s's input
   for (int64_t j = 0; j < H; ++j) {  // h0, the same for every row
     T* row = z + (I + j) * Bp;
     for (int64_t b = 0; b < B; ++b) row[b] = mp.h0[j];
