@@ -85,11 +85,14 @@ inline void transpose_lanes(Lanes<double>* r) {
 // One member's x (B, S, I) into the x rows of every step's batch-major input: z[(s C + i) Bp + b]
 // = x[(b S + s) I + i] (C = I + H rows a step). Blocks of kLanes rows by kLanes values, transposed
 // in registers; the values and rows left one by one.
+// `rows`: room for S I offsets.
 template <typename T>
-void transpose_inputs(const T* x, int64_t B, int64_t S, int64_t I, int64_t C, int64_t Bp, T* z) {
+void transpose_inputs(const T* x, int64_t B, int64_t S, int64_t I, int64_t C, int64_t Bp, T* z, int64_t* rows) {
   constexpr int64_t V = kLanes<T>;
   const int64_t K = S * I;  // the values of a row
-  auto row = [&](int64_t k) { return z + ((k / I) * C + k % I) * Bp; };
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t i = 0; i < I; ++i) rows[s * I + i] = (s * C + i) * Bp;
+  auto row = [&](int64_t k) { return z + rows[k]; };
   int64_t b = 0;
   for (; b + V <= B; b += V) {
     const T* xb = x + b * K;
@@ -116,34 +119,74 @@ inline void zero_padding(T* p, int64_t rows, int64_t B, int64_t Bp) {
     for (int64_t b = B; b < Bp; ++b) p[r * Bp + b] = T(0);
 }
 
-// One application of a layer (its In inputs, Out outputs, weights L.Wt and L.Gt (Out, In)) to
-// batch-major data: z (In, Bp); the NALU's lz = log(|z| + eps) (In, Bp) and a, m, g (Out, Bp),
-// kept for the backward.
+// A layer's weights for the batch-major kernels: each weight of W (and the NALU's G) broadcast to
+// a lane vector, (Out, In) vectors each, from Layer::prepare's Wt and Gt.
+template <typename T>
+struct LaneWeights {
+  std::vector<T> w, g;
+};
+
+template <typename T>
+void broadcast_weights(const Layer<T>& L, LaneWeights<T>& lw) {
+  constexpr int64_t V = kLanes<T>;
+  lw.w.resize(L.Wt.size() * V);
+  lw.g.resize(L.Gt.size() * V);
+  for (size_t k = 0; k < L.Wt.size(); ++k)
+    for (int64_t l = 0; l < V; ++l) lw.w[k * V + l] = L.Wt[k];
+  for (size_t k = 0; k < L.Gt.size(); ++k)
+    for (int64_t l = 0; l < V; ++l) lw.g[k * V + l] = L.Gt[k];
+}
+
+// One application of a layer (its In inputs, Out outputs) to batch-major data: z (In, Bp); the
+// NALU's lz = log(|z| + eps) (In, Bp) and a, m, g (Out, Bp), kept for the backward.
 template <typename T>
 struct BatchMajorStep {
   const T* z;
   T *lz, *a, *m, *g;
 };
 
+// NO outputs o0 .. o0 + NO - 1 of a layer's sums, every lane block of rows: sa = z W (into ya),
+// and for the NALU sm = lz W (ym), sg = z G (yg); the inputs in increasing order.
+template <typename T, int NO, bool NALU>
+void forward_sums(const T* z, const T* lz, const LaneWeights<T>& lw, int64_t In, int64_t Bp, int64_t o0, T* ya,
+                  T* ym, T* yg) {
+  constexpr int64_t V = kLanes<T>;
+  const T *w = lw.w.data() + o0 * In * V, *g = NALU ? lw.g.data() + o0 * In * V : nullptr;
+  for (int64_t b = 0; b < Bp; b += V) {
+    Lanes<T> sa[NO], sm[NO], sg[NO], zi, li, wk, gk;
+    load_lanes(zi, z + b);  // input 0 sets the sums
+    if (NALU) load_lanes(li, lz + b);
+    for (int p = 0; p < NO; ++p) {
+      load_lanes(wk, w + p * In * V);
+      sa[p] = zi * wk;
+      if (NALU) load_lanes(gk, g + p * In * V), sm[p] = li * wk, sg[p] = zi * gk;
+    }
+    for (int64_t i = 1; i < In; ++i) {
+      load_lanes(zi, z + i * Bp + b);
+      if (NALU) load_lanes(li, lz + i * Bp + b);
+      for (int p = 0; p < NO; ++p) {
+        load_lanes(wk, w + (p * In + i) * V);
+        sa[p] += zi * wk;
+        if (NALU) load_lanes(gk, g + (p * In + i) * V), sm[p] += li * wk, sg[p] += zi * gk;
+      }
+    }
+    for (int p = 0; p < NO; ++p) {
+      store_lanes(ya + (o0 + p) * Bp + b, sa[p]);
+      if (NALU) store_lanes(ym + (o0 + p) * Bp + b, sm[p]), store_lanes(yg + (o0 + p) * Bp + b, sg[p]);
+    }
+  }
+}
+
 // y (Out, Bp) = the layer of z.
 template <typename T>
-void batch_major_forward(const Layer<T>& L, int64_t Bp, const BatchMajorStep<T>& st, T* y) {
-  constexpr int64_t V = kLanes<T>;
+void batch_major_forward(const Layer<T>& L, const LaneWeights<T>& lw, int64_t Bp, const BatchMajorStep<T>& st,
+                         T* y) {
   const int64_t In = L.In, Out = L.Out;
   const T* z = st.z;
   if (L.kind != Kind::kNalu) {  // the NAC: y = z W
-    for (int64_t b = 0; b < Bp; b += V)
-      for (int64_t o = 0; o < Out; ++o) {
-        const T* w = L.Wt.data() + o * In;
-        Lanes<T> zi, acc;
-        load_lanes(zi, z + b);
-        acc = zi * w[0];
-        for (int64_t i = 1; i < In; ++i) {
-          load_lanes(zi, z + i * Bp + b);
-          acc += zi * w[i];
-        }
-        store_lanes(y + o * Bp + b, acc);
-      }
+    int64_t o = 0;
+    for (; o + 2 <= Out; o += 2) forward_sums<T, 2, false>(z, nullptr, lw, In, Bp, o, y, nullptr, nullptr);
+    if (o < Out) forward_sums<T, 1, false>(z, nullptr, lw, In, Bp, o, y, nullptr, nullptr);
     return;
   }
   // the NALU: a = z W, m = exp(lz W), g = sigmoid(z G), y = g a + (1 - g) m
@@ -155,26 +198,9 @@ void batch_major_forward(const Layer<T>& L, int64_t Bp, const BatchMajorStep<T>&
 #pragma omp simd
     for (int64_t k = 0; k < In * Bp; ++k) lz[k] = math::log_abs(z[k], L.eps);
   }
-  for (int64_t b = 0; b < Bp; b += V)
-    for (int64_t o = 0; o < Out; ++o) {
-      const T *w = L.Wt.data() + o * In, *G = L.Gt.data() + o * In;
-      Lanes<T> zi, li, sa, sm, sg;
-      load_lanes(zi, z + b);
-      load_lanes(li, lz + b);
-      sa = zi * w[0];
-      sm = li * w[0];
-      sg = zi * G[0];
-      for (int64_t i = 1; i < In; ++i) {
-        load_lanes(zi, z + i * Bp + b);
-        load_lanes(li, lz + i * Bp + b);
-        sa += zi * w[i];
-        sm += li * w[i];
-        sg += zi * G[i];
-      }
-      store_lanes(st.a + o * Bp + b, sa);
-      store_lanes(st.m + o * Bp + b, sm);
-      store_lanes(st.g + o * Bp + b, sg);
-    }
+  int64_t o = 0;
+  for (; o + 2 <= Out; o += 2) forward_sums<T, 2, true>(z, lz, lw, In, Bp, o, st.a, st.m, st.g);
+  if (o < Out) forward_sums<T, 1, true>(z, lz, lw, In, Bp, o, st.a, st.m, st.g);
   T *a = st.a, *m = st.m, *g = st.g;
 #pragma omp simd
   for (int64_t k = 0; k < Out * Bp; ++k) {
@@ -184,24 +210,48 @@ void batch_major_forward(const Layer<T>& L, int64_t Bp, const BatchMajorStep<T>&
   }
 }
 
-// The lanes of a weight's gradient, acc (one lane vector) += y1 c1 (+ y2 c2) over the Bp rows,
-// lane block by lane block (the second product, where y2 is given, added after the first).
-template <typename T>
-inline void add_row_products(const T* y1, const T* c1, const T* y2, const T* c2, int64_t Bp, T* acc) {
+// The lanes of the weight gradients of NO outputs o0 .. on input i, accumulated over the Bp rows
+// lane block by lane block: accW (o, i) += z_i c1_o (+ lz_i c2_o, the NALU's), accG (o, i) +=
+// z_i c3_o (the NALU's); c1, c2, c3 (Out, Bp), accW and accG (Out, In) lane vectors.
+template <typename T, int NO, bool NALU>
+void weight_grad_lanes(const T* zi, const T* li, const T* c1, const T* c2, const T* c3, int64_t In, int64_t Bp,
+                       int64_t o0, int64_t i, T* accW, T* accG) {
   constexpr int64_t V = kLanes<T>;
-  Lanes<T> s, y, k;
-  load_lanes(s, acc);
+  Lanes<T> sw[NO], sg[NO], y, l, k;
+  for (int p = 0; p < NO; ++p) {
+    load_lanes(sw[p], accW + ((o0 + p) * In + i) * V);
+    if (NALU) load_lanes(sg[p], accG + ((o0 + p) * In + i) * V);
+  }
   for (int64_t b = 0; b < Bp; b += V) {
-    load_lanes(y, y1 + b);
-    load_lanes(k, c1 + b);
-    s += y * k;
-    if (y2 != nullptr) {
-      load_lanes(y, y2 + b);
-      load_lanes(k, c2 + b);
-      s += y * k;
+    load_lanes(y, zi + b);
+    if (NALU) load_lanes(l, li + b);
+    for (int p = 0; p < NO; ++p) {
+      const int64_t r = (o0 + p) * Bp + b;
+      load_lanes(k, c1 + r);
+      sw[p] += y * k;
+      if (NALU) {
+        load_lanes(k, c2 + r);
+        sw[p] += l * k;
+        load_lanes(k, c3 + r);
+        sg[p] += y * k;
+      }
     }
   }
-  store_lanes(acc, s);
+  for (int p = 0; p < NO; ++p) {
+    store_lanes(accW + ((o0 + p) * In + i) * V, sw[p]);
+    if (NALU) store_lanes(accG + ((o0 + p) * In + i) * V, sg[p]);
+  }
+}
+
+template <typename T, bool NALU>
+void weight_grads(const T* z, const T* lz, const T* c1, const T* c2, const T* c3, int64_t In, int64_t Out, int64_t Bp,
+                  T* accW, T* accG) {
+  for (int64_t i = 0; i < In; ++i) {
+    const T *zi = z + i * Bp, *li = NALU ? lz + i * Bp : nullptr;
+    int64_t o = 0;
+    for (; o + 2 <= Out; o += 2) weight_grad_lanes<T, 2, NALU>(zi, li, c1, c2, c3, In, Bp, o, i, accW, accG);
+    if (o < Out) weight_grad_lanes<T, 1, NALU>(zi, li, c1, c2, c3, In, Bp, o, i, accW, accG);
+  }
 }
 
 // The backward of one batch_major_forward: dy (Out, Bp), padding lanes zero. Adds the weights'
@@ -209,24 +259,24 @@ inline void add_row_products(const T* y1, const T* c1, const T* y2, const T* c2,
 // with dz, the gradient of the input rows [r0, In) into dz ((In - r0), Bp). `coef`: room for
 // 3 Out Bp values (the NALU's da, dm, dg) plus In Bp.
 template <typename T>
-void batch_major_backward(const Layer<T>& L, int64_t B, int64_t Bp, const BatchMajorStep<T>& st, const T* dy,
-                          T* accW, T* accG, int64_t r0, T* dz, T* coef) {
+void batch_major_backward(const Layer<T>& L, const LaneWeights<T>& lw, int64_t B, int64_t Bp,
+                          const BatchMajorStep<T>& st, const T* dy, T* accW, T* accG, int64_t r0, T* dz, T* coef) {
   constexpr int64_t V = kLanes<T>;
   const int64_t In = L.In, Out = L.Out;
   const T* z = st.z;
   if (L.kind != Kind::kNalu) {
-    for (int64_t o = 0; o < Out; ++o)
-      for (int64_t i = 0; i < In; ++i)
-        add_row_products<T>(z + i * Bp, dy + o * Bp, nullptr, nullptr, Bp, accW + (o * In + i) * V);
+    weight_grads<T, false>(z, nullptr, dy, nullptr, nullptr, In, Out, Bp, accW, nullptr);
     if (dz == nullptr) return;
     for (int64_t b = 0; b < Bp; b += V)
       for (int64_t i = r0; i < In; ++i) {
-        Lanes<T> d, s;
+        Lanes<T> d, w, s;
         load_lanes(d, dy + b);
-        s = d * L.Wt[i];
+        load_lanes(w, lw.w.data() + i * V);
+        s = d * w;
         for (int64_t o = 1; o < Out; ++o) {
           load_lanes(d, dy + o * Bp + b);
-          s += d * L.Wt[o * In + i];
+          load_lanes(w, lw.w.data() + (o * In + i) * V);
+          s += d * w;
         }
         store_lanes(dz + (i - r0) * Bp + b, s);
       }
@@ -239,11 +289,7 @@ void batch_major_backward(const Layer<T>& L, int64_t B, int64_t Bp, const BatchM
     for (int64_t k = 0; k < Out * Bp; ++k) math::blend_backward(dy[k], a[k], m[k], g[k], &da[k], &dm[k], &dg[k]);
   }
   zero_padding(coef, 3 * Out, B, Bp);  // (m may be Inf on a padding lane: 0 times it is not 0)
-  for (int64_t o = 0; o < Out; ++o)
-    for (int64_t i = 0; i < In; ++i) {  // W: z da, then lz dm; G: z dg
-      add_row_products<T>(z + i * Bp, da + o * Bp, st.lz + i * Bp, dm + o * Bp, Bp, accW + (o * In + i) * V);
-      add_row_products<T>(z + i * Bp, dg + o * Bp, nullptr, nullptr, Bp, accG + (o * In + i) * V);
-    }
+  weight_grads<T, true>(z, st.lz, da, dm, dg, In, Out, Bp, accW, accG);  // W: z da, then lz dm; G: z dg
   if (dz == nullptr) return;
   // dz_i = sum_o (da_o W_io + dg_o G_io) + lg_i sum_o dm_o W_io, lg = d log(|z| + eps) / dz
   T* lg = coef + 3 * Out * Bp;
@@ -257,13 +303,15 @@ void batch_major_backward(const Layer<T>& L, int64_t B, int64_t Bp, const BatchM
     for (int64_t i = r0; i < In; ++i) {
       Lanes<T> s1 = {}, s2 = {};
       for (int64_t o = 0; o < Out; ++o) {
-        Lanes<T> va, vm, vg;
+        Lanes<T> va, vm, vg, w, g;
         load_lanes(va, da + o * Bp + b);
         load_lanes(vm, dm + o * Bp + b);
         load_lanes(vg, dg + o * Bp + b);
-        s1 += va * L.Wt[o * In + i];
-        s1 += vg * L.Gt[o * In + i];
-        s2 += vm * L.Wt[o * In + i];
+        load_lanes(w, lw.w.data() + (o * In + i) * V);
+        load_lanes(g, lw.g.data() + (o * In + i) * V);
+        s1 += va * w;
+        s1 += vg * g;
+        s2 += vm * w;
       }
       Lanes<T> l;
       load_lanes(l, lg + (i - r0) * Bp + b);
@@ -297,8 +345,10 @@ void batch_major_param_grads(Layer<T>& L, const T* accW, const T* accG, const T*
 template <typename T>
 struct RecurrentWork {
   Layer<T> cell, out;
+  LaneWeights<T> cell_w, out_w;
   int64_t Bp;
   std::vector<T> z, lz, a, m, g, y, dy, dh, dh2, coef, accW, accG, accWo, accGo;
+  std::vector<int64_t> rows;
 };
 
 template <typename T>
@@ -310,7 +360,8 @@ RecurrentWork<T> recurrent_work(const RecurrentArgs& a) {
   w.out = make_layer<T>(a.kind, a.B, a.H, 1, a.eps);
   const int64_t Bp = w.Bp = (a.B + V - 1) / V * V;
   const bool nalu = a.kind == Kind::kNalu;
-  w.z.assign((S + 1) * C * Bp, T(0));  // (the x rows' padding lanes stay zero)
+  w.z.assign((S + 1) * C * Bp, T(0));
+  w.rows.resize(S * a.I);  // (the x rows' padding lanes stay zero)
   w.lz.resize(nalu ? (S + 1) * C * Bp : 0);
   for (auto* v : {&w.a, &w.m, &w.g}) v->resize(nalu ? (S + 1) * a.H * Bp : 0);
   w.y.resize(Bp);
@@ -350,33 +401,35 @@ T recurrent_member(const RecurrentArgs& a, const T* x, const T* t, const Recurre
   const int64_t B = a.B, I = a.I, H = a.H, C = I + H, S = a.len, Bp = w.Bp;
   w.cell.prepare(mp.cell);
   w.out.prepare(mp.out);
+  broadcast_weights(w.cell, w.cell_w);
+  broadcast_weights(w.out, w.out_w);
   T* z = w.z.data();
-  transpose_inputs(x, B, S, I, C, Bp, z);  // x_s into the first I rows of step s's input
+  transpose_inputs(x, B, S, I, C, Bp, z, w.rows.data());  // x_s into the first I rows of step s's input
   for (int64_t j = 0; j < H; ++j) {  // h0, the same for every row
     T* row = z + (I + j) * Bp;
     for (int64_t b = 0; b < B; ++b) row[b] = mp.h0[j];
   }
   for (int64_t s = 0; s < S; ++s) {
     T* h = z + ((s + 1) * C + I) * Bp;
-    batch_major_forward(w.cell, Bp, batch_major_step(a, w, s), h);
+    batch_major_forward(w.cell, w.cell_w, Bp, batch_major_step(a, w, s), h);
     zero_padding(h, H, B, Bp);
   }
   const BatchMajorStep<T> top = batch_major_step(a, w, S);
-  batch_major_forward(w.out, Bp, top, w.y.data());
+  batch_major_forward(w.out, w.out_w, Bp, top, w.y.data());
   const T loss = mse(w.y.data(), t, B);
   *bad = !std::isfinite(loss);
   mse_upstream(w.y.data(), t, B, (diverged || *bad) ? T(0) : T(1), w.dy.data());
   zero_padding(w.dy.data(), 1, B, Bp);
   std::fill(w.accWo.begin(), w.accWo.end(), T(0));
   std::fill(w.accGo.begin(), w.accGo.end(), T(0));
-  batch_major_backward(w.out, B, Bp, top, w.dy.data(), w.accWo.data(), w.accGo.data(), 0, w.dh.data(),
+  batch_major_backward(w.out, w.out_w, B, Bp, top, w.dy.data(), w.accWo.data(), w.accGo.data(), 0, w.dh.data(),
                        w.coef.data());
   // back through time: every step's weight gradient into the same lanes, the state rows of its
   // input gradient the upstream gradient of the step before
   std::fill(w.accW.begin(), w.accW.end(), T(0));
   std::fill(w.accG.begin(), w.accG.end(), T(0));
   for (int64_t s = S - 1; s >= 0; --s) {
-    batch_major_backward(w.cell, B, Bp, batch_major_step(a, w, s), w.dh.data(), w.accW.data(), w.accG.data(), I,
+    batch_major_backward(w.cell, w.cell_w, B, Bp, batch_major_step(a, w, s), w.dh.data(), w.accW.data(), w.accG.data(), I,
                          w.dh2.data(), w.coef.data());
     w.dh.swap(w.dh2);
   }
