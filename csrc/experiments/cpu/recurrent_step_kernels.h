@@ -99,8 +99,10 @@ void transpose_inputs(const T* x, int64_t B, int64_t S, int64_t I, int64_t C, in
     int64_t k = 0;
     for (; k + V <= K; k += V) {
       Lanes<T> r[V];
+#pragma GCC unroll 8
       for (int64_t l = 0; l < V; ++l) load_lanes(r[l], xb + l * K + k);
       transpose_lanes(r);
+#pragma GCC unroll 8
       for (int64_t c = 0; c < V; ++c) store_lanes(row(k + c) + b, r[c]);
     }
     for (; k < K; ++k) {
