@@ -4,8 +4,9 @@
 // call. Per member: h_s = cell(concat(x_s, h_{s-1})) for s = 1 .. len from the learned h_0, the
 // output layer on h_len, the MSE, its finiteness, the backward through time into the optimiser's
 // flat gradient buffer; then (the step op) FlatAdam's own fused step (step_common.h, flat_adam.h).
-// The layers are the static step's (layer_kernels.h), the checks and the optimiser step shared
-// with it (step_common.h).
+// The per-member kernels (recurrent_step_kernels.h) run along the batch rows (batch-major data);
+// the weights' preparation and the parameters' gradients are the static step's Layer
+// (layer_kernels.h), the checks and the optimiser step shared with it (step_common.h).
 //
 // Members never mix: at::parallel_for splits them over the intra-op threads and each member is
 // computed whole by one thread in a fixed order, so the results are the same bits for any number

@@ -341,9 +341,10 @@ void batch_major_param_grads(Layer<T>& L, const T* accW, const T* accG, const T*
   L.param_grads(p, grads);
 }
 
-// One thread's work space: the cell and the output layer (parameters), the inputs of every step,
-// batch-major, z ((len + 1), I + H, Bp) (step len's state rows: the output layer's input), the
-// NALU's lz (the same shape) and a, m, g ((len + 1), H, Bp), the output, the gradients.
+// One thread's work space: the cell and the output layer (parameters, and their weights as lane
+// vectors), the inputs of every step, batch-major, z ((len + 1), I + H, Bp) (step len's state
+// rows: the output layer's input), the NALU's lz (the same shape) and a, m, g ((len + 1), H, Bp),
+// the output, the gradients and their lanes, the transposition's row offsets.
 template <typename T>
 struct RecurrentWork {
   Layer<T> cell, out;
@@ -362,8 +363,8 @@ RecurrentWork<T> recurrent_work(const RecurrentArgs& a) {
   w.out = make_layer<T>(a.kind, a.B, a.H, 1, a.eps);
   const int64_t Bp = w.Bp = (a.B + V - 1) / V * V;
   const bool nalu = a.kind == Kind::kNalu;
-  w.z.assign((S + 1) * C * Bp, T(0));
-  w.rows.resize(S * a.I);  // (the x rows' padding lanes stay zero)
+  w.z.assign((S + 1) * C * Bp, T(0));  // (the x rows' padding lanes stay zero)
+  w.rows.resize(S * a.I);
   w.lz.resize(nalu ? (S + 1) * C * Bp : 0);
   for (auto* v : {&w.a, &w.m, &w.g}) v->resize(nalu ? (S + 1) * a.H * Bp : 0);
   w.y.resize(Bp);
