@@ -79,12 +79,18 @@ def _pair(name, dtype, batches, **kw):
 @pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-10), (torch.float32, F32_ATOL)])
 def test_native_step_matches_autograd(name, dtype, atol):
     batches = _batches(dtype)
-    (a, ta, ra), (b, tb, rb) = _pair(name, dtype, batches)
+    assert_trainings_match(*_pair(name, dtype, batches), dtype, atol, STEPS)
+
+
+def assert_trainings_match(native, autograd, dtype, atol, steps):
+    """The native training ``(model, training, result)`` against the autograd one: parameters within
+    ``atol``, no divergence, the same window losses and Adam moments up to rounding."""
+    (a, ta, ra), (b, tb, rb) = native, autograd
     for (k, pa), pb in zip(a.named_parameters(), b.parameters()):
         assert (pa - pb).abs().max().item() <= atol, k
     assert not ra.diverged.any() and not rb.diverged.any()
     torch.testing.assert_close(ra.final_loss, rb.final_loss, rtol=1e-9 if dtype == torch.float64 else 1e-4, atol=0)
-    assert ta.opt.step_count == tb.opt.step_count == STEPS
+    assert ta.opt.step_count == tb.opt.step_count == steps
     for buf in ("exp_avg", "exp_avg_sq"):  # float32: within 1e-3 of the buffer's largest element
         want = getattr(tb.opt, buf)
         scale = 1e-10 if dtype == torch.float64 else 1e-3 * want.abs().max().item()

@@ -57,7 +57,10 @@ NALU_HOST_INLINE float host_expf(float x) {
   float xc = x < -104.0f ? -104.0f : x;
   xc = xc > 89.0f ? 89.0f : xc;
   const float fx = xc * 1.44269504088896341f;
-  const int32_t n = static_cast<int32_t>(fx + (fx >= 0.0f ? 0.5f : -0.5f));
+  // fx + 0.5 rounded toward zero, with 0.5's sign that of fx: a bitwise copysign (gcc turned the
+  // select fx >= 0 ? 0.5 : -0.5 into both paths and blends). The same n: for fx = -0 both round to 0.
+  const float half = bits_to_float(float_to_bits(0.5f) | (float_to_bits(fx) & 0x80000000u));
+  const int32_t n = static_cast<int32_t>(fx + half);
   const float fn = static_cast<float>(n);
   float r = xc - fn * 0.693359375f;
   r = r - fn * -2.12194440e-4f;

@@ -1,7 +1,8 @@
 // schema.cpp: the dispatcher ops of the experiments' native helpers (not layers: no autocast).
 // flat_adam_step_resident, the resident Adam step of the experiments' FlatAdam: a CUDA kernel only
 // (cuda/flat_adam_cuda.cpp). static_ensemble_grad and static_ensemble_step, the static task's whole
-// training step in one call: CPU kernels only (cpu/ensemble_step.cpp). On any other device, or in a
+// training step in one call: CPU kernels only (cpu/ensemble_step.cpp); recurrent_ensemble_grad and
+// recurrent_ensemble_step, the recurrent task's (cpu/recurrent_step.cpp). On any other device, or in a
 // build without the kernel, the kernels below say so. The other helpers of this folder (cpu/: the
 // fused Adam step on the CPU, the uniform fill) are no dispatcher ops: csrc/module.cpp binds them
 // with pybind11.
@@ -53,6 +54,23 @@ constexpr const char* kSchemas[] = {
       " Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg, Tensor(d!) exp_avg_sq, Tensor segments,"
       " Tensor(e!) diverged, bool freeze, str model, float eps, float reg_weight, float lr, float beta1,"
       " float beta2, float adam_eps, int step) -> Tensor",
+  // The recurrent task's training step without its optimiser step, for its models 'nac' (a NAC+ cell,
+  // a NAC+ output layer) and 'nalu' (NALU cell and output layer: tied weights, input gate, no gate
+  // bias, eps): h_s = cell(concat(x_s, h_{s-1})) for s = 1 .. len from the learned h_0, the output
+  // layer on h_len (RecurrentNet). x (E, B, len, I) and target (E, B, 1) of one floating dtype; param
+  // and grad FlatAdam's flat buffers, segments its (P, 2) int64 rows (offset, per_member) in
+  // RecurrentNet's parameter order (h0 (E, 1, H), then the cell's and the output layer's: W_hat,
+  // M_hat (, G)), the hidden size read from h0's row. Per member: the forward, the MSE (returned,
+  // (E,) in x's dtype), diverged |= the MSE is not finite, and the gradient (through time) written
+  // over the member's part of grad (zero upstream for a diverged member, as train_ensemble's eager
+  // step). Members are split over the intra-op threads, each whole on one (cpu/recurrent_step.cpp).
+  "recurrent_ensemble_grad(Tensor x, Tensor target, Tensor param, Tensor(a!) grad, Tensor segments,"
+      " Tensor(b!) diverged, str model, float eps) -> Tensor",
+  // recurrent_ensemble_grad, then FlatAdam's fused CPU step, as static_ensemble_step (frozen =
+  // diverged where `freeze`, freeze_nonfinite = freeze, diverged |= a NaN or Inf in the gradient).
+  "recurrent_ensemble_step(Tensor x, Tensor target, Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg,"
+      " Tensor(d!) exp_avg_sq, Tensor segments, Tensor(e!) diverged, bool freeze, str model, float eps,"
+      " float lr, float beta1, float beta2, float adam_eps, int step) -> Tensor",
 };
 
 }  // namespace
@@ -77,7 +95,7 @@ at::Tensor flat_adam_step_resident_unsupported(const at::Tensor& param, const at
               build, "; the fused step on the CPU is nalu_cuda._C.flat_adam_step");
 }
 
-// The static step's ops on any device but the CPU (every argument on the CPU is needed): a clear
+// The static and recurrent steps' ops on any device but the CPU (every argument on the CPU is needed): a clear
 // error naming the op and the arguments that are elsewhere.
 [[noreturn]] void static_step_unsupported(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> args) {
   std::string where;
@@ -113,6 +131,19 @@ at::Tensor static_ensemble_step_drawn_unsupported(TensorArg state, TensorArg wei
       {"grad", &grad}, {"exp_avg", &m1}, {"exp_avg_sq", &m2}, {"segments", &segments}, {"diverged", &diverged}});
 }
 
+at::Tensor recurrent_ensemble_grad_unsupported(TensorArg x, TensorArg target, TensorArg param, TensorArg grad,
+                                               TensorArg segments, TensorArg diverged, c10::string_view, double) {
+  static_step_unsupported("recurrent_ensemble_grad", {{"x", &x}, {"target", &target}, {"param", &param},
+                          {"grad", &grad}, {"segments", &segments}, {"diverged", &diverged}});
+}
+
+at::Tensor recurrent_ensemble_step_unsupported(TensorArg x, TensorArg target, TensorArg param, TensorArg grad,
+    TensorArg m1, TensorArg m2, TensorArg segments, TensorArg diverged, bool, c10::string_view, double, double, double,
+    double, double, int64_t) {
+  static_step_unsupported("recurrent_ensemble_step", {{"x", &x}, {"target", &target}, {"param", &param},
+      {"grad", &grad}, {"exp_avg", &m1}, {"exp_avg_sq", &m2}, {"segments", &segments}, {"diverged", &diverged}});
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(nalu_cuda, CompositeExplicitAutograd, m) {
@@ -120,4 +151,6 @@ TORCH_LIBRARY_IMPL(nalu_cuda, CompositeExplicitAutograd, m) {
   m.impl("static_ensemble_grad", &static_ensemble_grad_unsupported);
   m.impl("static_ensemble_step", &static_ensemble_step_unsupported);
   m.impl("static_ensemble_step_drawn", &static_ensemble_step_drawn_unsupported);
+  m.impl("recurrent_ensemble_grad", &recurrent_ensemble_grad_unsupported);
+  m.impl("recurrent_ensemble_step", &recurrent_ensemble_step_unsupported);
 }

@@ -12,7 +12,7 @@
 // To add a model: a Model value and its name (model_from_name), its layer kinds (layer_kinds),
 // its parameter count per layer (params_per_layer), and where a layer kind is new, its forward and
 // backward in Layer below; the Python side lists the model in nalu_cuda/experiments/parts/native_step.py.
-#include "experiments/cpu/flat_adam.h"
+#include "experiments/cpu/step_common.h"
 
 #include "common/cpu/isa.h"
 #include "common/math.h"
@@ -24,7 +24,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -32,7 +31,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -45,7 +43,6 @@ namespace training {
 namespace {
 
 enum class Model { kNac, kNalu, kNmu };
-enum class Kind { kNac, kNalu, kNau, kNmu };
 
 Model model_from_name(const std::string& op, const std::string& name) {
   if (name == "nac") return Model::kNac;
@@ -59,18 +56,6 @@ Model model_from_name(const std::string& op, const std::string& name) {
 void layer_kinds(Model m, Kind* first, Kind* second) {
   *first = m == Model::kNac ? Kind::kNac : m == Model::kNalu ? Kind::kNalu : Kind::kNau;
   *second = m == Model::kNac ? Kind::kNac : m == Model::kNalu ? Kind::kNalu : Kind::kNmu;
-}
-
-// Parameters of one layer, in the order the layer registers them (FlatAdam's buffer order):
-// NAC W_hat, M_hat; NALU W_hat, M_hat, G; NAU and NMU W.
-int params_per_layer(Kind k) { return k == Kind::kNac ? 2 : k == Kind::kNalu ? 3 : 1; }
-
-std::string describe(const at::Tensor& t) {
-  if (!t.defined()) return "an undefined tensor";
-  std::ostringstream s;
-  s << "a " << t.scalar_type() << " " << t.device() << " tensor of shape " << t.sizes()
-    << (t.is_contiguous() ? "" : " (not contiguous)");
-  return s.str();
 }
 
 // The scalar arguments of one call, checked.
@@ -141,24 +126,10 @@ void draw_group(const StepArgs& a, const Draw& d, int64_t e0, int64_t G, float* 
 }  // namespace
 
 // The per-member kernels, once per instruction set (the ops pick one with cpu::use_avx2()).
-namespace base {
-#include "experiments/cpu/ensemble_step_kernels.h"
-}  // namespace base
-#ifdef NALU_CPU_HAVE_AVX2
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace avx2 {
-#include "experiments/cpu/ensemble_step_kernels.h"
-}  // namespace avx2
-#pragma GCC pop_options
-#endif
+#define NALU_STEP_KERNELS "experiments/cpu/ensemble_step_kernels.h"
+#include "experiments/cpu/step_kernels_per_isa.h"
 
 namespace {
-
-void check_cpu_tensor(const char* op, const char* name, const at::Tensor& t, const std::string& want, bool ok) {
-  TORCH_CHECK(t.defined() && t.device().is_cpu() && t.is_contiguous() && ok, op, ": argument '", name,
-              "' must be ", want, ", got ", describe(t));
-}
 
 // The checks of the parameters, gradients and flags every op gets, for a.E members of a.I inputs
 // in `dtype` (`like`: how the messages name it); completes the call's shapes and scalars.
@@ -167,27 +138,12 @@ void check_params(const char* op, StepArgs& a, at::ScalarType dtype, const std::
                   const std::string& model, double eps, double reg_weight) {
   a.model = model_from_name(op, model);
   layer_kinds(a.model, &a.kinds[0], &a.kinds[1]);
-  check_cpu_tensor(op, "param", param, like + " of one dimension (FlatAdam's flat buffer)",
-                   param.defined() && param.scalar_type() == dtype && param.dim() == 1);
-  check_cpu_tensor(op, "grad", grad, like + c10::str(" of param's shape [", param.numel(), "]"),
-                   grad.defined() && grad.scalar_type() == dtype && grad.dim() == 1 && grad.numel() == param.numel());
-  check_cpu_tensor(op, "diverged", diverged, c10::str("a contiguous bool CPU tensor of shape [", a.E, "] (one flag per member)"),
-                   diverged.defined() && diverged.scalar_type() == at::kBool && diverged.dim() == 1 &&
-                       diverged.numel() == a.E);
   const int64_t P = params_per_layer(a.kinds[0]) + params_per_layer(a.kinds[1]);
-  check_cpu_tensor(op, "segments", segments, c10::str("a contiguous int64 CPU tensor of shape [", P, ", 2] (offset, "
-                   "per_member) for model '", model, "'"), segments.defined() && segments.scalar_type() == at::kLong &&
-                   segments.dim() == 2 && segments.size(0) == P && segments.size(1) == 2);
-  const int64_t* seg = segments.const_data_ptr<int64_t>();
-  a.H = seg[1] / a.I;
-  for (int64_t q = 0; q < P; ++q) {
-    const int64_t want = q < params_per_layer(a.kinds[0]) ? a.I * a.H : a.H;
-    TORCH_CHECK(a.H >= 1 && seg[1] == a.I * a.H && seg[2 * q + 1] == want && seg[2 * q] >= 0 &&
-                    seg[2 * q] + a.E * want <= param.numel(),
-                op, ": argument 'segments' row ", q, " must be (offset, ", want, ") inside param's ", param.numel(),
-                " elements for E = ", a.E, ", I = ", a.I, ", hidden ", a.H, ", got (", seg[2 * q], ", ", seg[2 * q + 1], ")");
-  }
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": argument 'eps' must be a finite number >= 0, got ", eps);
+  check_buffers(op, a.E, dtype, like, param, grad, diverged, segments, P, model, eps);
+  a.H = std::max<int64_t>(segments.const_data_ptr<int64_t>()[1] / a.I, 1);  // (W_hat of the first layer: I x H)
+  std::vector<int64_t> want(P, a.H);
+  std::fill(want.begin(), want.begin() + params_per_layer(a.kinds[0]), a.I * a.H);
+  check_segment_rows(op, segments, param.numel(), a.E, want, c10::str("I = ", a.I, ", hidden ", a.H));
   TORCH_CHECK(std::isfinite(reg_weight) && reg_weight >= 0.0 && (reg_weight == 0.0 || a.model == Model::kNmu), op,
               ": argument 'reg_weight' must be 0 (or, for model 'nmu', a finite number >= 0), got ", reg_weight);
   a.eps = eps;
@@ -200,15 +156,9 @@ StepArgs check_step(const char* op, const at::Tensor& x, const at::Tensor& targe
                     const std::string& model, double eps, double reg_weight) {
   StepArgs a{};
   model_from_name(op, model);
-  const bool fp = x.defined() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
-  check_cpu_tensor(op, "x", x, "a contiguous float32 or float64 CPU tensor of shape (E, B, I)", fp && x.dim() == 3);
+  check_x(op, x, 3, "(E, B, I)");
   a.E = x.size(0), a.B = x.size(1), a.I = x.size(2);
-  TORCH_CHECK(a.E >= 1 && a.B >= 1 && a.I >= 1, op, ": argument 'x' must have at least one member, sample and "
-              "input, got shape ", x.sizes());
-  const std::string like_x = c10::str("a contiguous CPU tensor of x's dtype (", x.scalar_type(), ")");
-  check_cpu_tensor(op, "target", target, like_x + c10::str(" of shape [", a.E, ", ", a.B, ", 1]"),
-                   target.defined() && target.scalar_type() == x.scalar_type() && target.dim() == 3 &&
-                       target.size(0) == a.E && target.size(1) == a.B && target.size(2) == 1);
+  const std::string like_x = check_target(op, target, x, a.E, a.B);
   check_params(op, a, x.scalar_type(), like_x, param, grad, segments, diverged, model, eps, reg_weight);
   return a;
 }
@@ -225,10 +175,7 @@ at::Tensor grad_impl(const StepArgs& a, at::ScalarType dtype, const at::Tensor& 
       members(a, xs, ts, draw, param.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(),
               segments.const_data_ptr<int64_t>(), diverged.data_ptr<bool>(), loss.data_ptr<scalar_t>());
     };
-#ifdef NALU_CPU_HAVE_AVX2
-    if (cpu::use_avx2()) return run(avx2::all_members<scalar_t>);
-#endif
-    run(base::all_members<scalar_t>);
+    NALU_STEP_PER_ISA(run, all_members<scalar_t>);
   });
   return loss;
 }
@@ -251,27 +198,12 @@ void project(const StepArgs& a, T* param, const int64_t* seg) {
   }
 }
 
-// Adam's moments, checked like param.
-void check_moments(const char* op, const at::Tensor& param, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq,
-                   int64_t step) {
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}})
-    check_cpu_tensor(op, name, *t, c10::str("a contiguous CPU tensor like param (", describe(param), ")"),
-                     t->defined() && t->scalar_type() == param.scalar_type() && t->dim() == 1 &&
-                         t->numel() == param.numel());
-  TORCH_CHECK(step >= 1, op, ": argument 'step' must be at least 1 (the Adam step count after this step), got ", step);
-}
-
 // The optimiser's part of a step, after the gradient: FlatAdam's step, the divergence flags, the
 // NMU model's projection.
 void optimiser_step(const StepArgs& a, const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                     const at::Tensor& exp_avg_sq, const at::Tensor& segments, const at::Tensor& diverged, bool freeze,
                     double lr, double beta1, double beta2, double adam_eps, int64_t step) {
-  // eager_step's order: frozen = the diverged members (this step's included) once any divergence is
-  // known (freeze), else none; then the members with a non-finite gradient are diverged too
-  const at::Tensor frozen = freeze ? diverged.clone() : at::zeros_like(diverged);
-  const at::Tensor nonfinite = flat_adam_step(param, grad, exp_avg, exp_avg_sq, segments, frozen, freeze, lr, beta1,
-                                              beta2, adam_eps, step);
-  diverged.logical_or_(nonfinite);
+  adam_step_and_flags(param, grad, exp_avg, exp_avg_sq, segments, diverged, freeze, lr, beta1, beta2, adam_eps, step);
   if (a.model == Model::kNmu) {
     AT_DISPATCH_FLOATING_TYPES(param.scalar_type(), "static_ensemble_step", [&] {
       project<scalar_t>(a, param.data_ptr<scalar_t>(), segments.const_data_ptr<int64_t>());

@@ -78,7 +78,7 @@ REG_DEFAULTS: Dict[str, Optional[float]] = {"reg_scale": None, "reg_start": None
 #           numbers) or "counter" (CounterStream: drawn on the training device, with the
 #           device-resident step of train_ensemble; other numbers);
 #   graph:  with the counter stream on CUDA, the step captured in a CUDA graph and replayed.
-#   native: True (the default): the static task's native one-call training step where the model has
+#   native: True (the default): the static and recurrent tasks' native one-call training step where the model has
 #           one (parts/native_step.py; the autograd step's numbers up to float rounding); False
 #           (--autograd-step): the autograd step, the reference.
 STEP_DEFAULTS: Dict[str, Any] = {"stream": "sfc64", "graph": True, "native": True}
@@ -106,9 +106,10 @@ def add_step_arguments(parser) -> None:
     parser.add_argument("--no-graph", dest="graph", action="store_false",
                         help="with --stream counter on CUDA: run the step eagerly instead of replaying it as a CUDA graph")
     parser.add_argument("--autograd-step", dest="native", action="store_false", default=True,
-                        help="train the static task's nac, nalu and nmu models with the autograd step (the reference) "
-                             "instead of the native one-call step, the default on the CPU (the same numbers up to float "
-                             "rounding: benchmarks/RESULTS.md, section 20)")
+                        help="train the static task's nac, nalu and nmu models and the recurrent task's nac and nalu "
+                             "models with the autograd step (the reference) instead of the native one-call step, the "
+                             "default on the CPU (the same numbers up to float rounding: benchmarks/RESULTS.md, section "
+                             "20)")
     parser.add_argument("--native-step", dest="native", action="store_true", default=True,
                         help="the native one-call step (the default; kept for existing command lines)")
 

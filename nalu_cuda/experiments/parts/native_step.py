@@ -1,5 +1,10 @@
-"""The static task's training step as one native call per step (``nalu_cuda::static_ensemble_step``,
-``csrc/experiments/cpu/ensemble_step.cpp``), for the models it implements: :data:`NATIVE_MODELS`.
+"""The static and recurrent tasks' training steps as one native call per step: the static task's
+(``nalu_cuda::static_ensemble_step``, ``csrc/experiments/cpu/ensemble_step.cpp``) for the models
+it implements, :data:`NATIVE_MODELS`, and the recurrent task's (``nalu_cuda::recurrent_ensemble_step``,
+``csrc/experiments/cpu/recurrent_step.cpp``) for its :class:`~.arithmetic_models.RecurrentNet`
+models :data:`RECURRENT_NATIVE_MODELS` (NAC and NALU: the cell over ``concat(x_t, h_{t-1})`` from
+the learned ``h0``, the output layer on the last state, backpropagation through time in the call;
+:func:`recurrent_layers` says which qualify, ``python_tests/test_recurrent_native_step.py`` tests it).
 
 One call does what :meth:`.training.EnsembleTraining.eager_step` does with autograd for these
 models: the forward through both layers, each member's MSE, the divergence check of the objective,
@@ -16,8 +21,10 @@ clipping) over exactly the model's parameters, from ``batch_fn`` (not resident),
 parameter hooks and none of the trainer's hooks but the ones :func:`.arithmetic_models.training_hooks`
 builds for the model. Otherwise the autograd step runs, which is also the reference the native step
 is tested against (``python_tests/test_native_step.py``). The native step runs with
-``train_ensemble(native=True)``: the static task's default (``--autograd-step`` forces the autograd
-step; ``train_ensemble``'s own default stays the autograd step).
+``train_ensemble(native=True)``: the static and recurrent tasks' default (``--autograd-step`` forces
+the autograd step; ``train_ensemble``'s own default stays the autograd step). The recurrent step
+has the same conditions, with no unit hooks at all (its NAC and NALU models have none) and no
+clipping (``--clip`` keeps the autograd step), and no in-call draw: it takes ``batch_fn``'s batches.
 
 Data made where it is used: where ``batch_fn`` names its :class:`~.uniform_stream.UniformStream`
 (the static task's does; :func:`in_call_stream` says when it applies), the step does not call
@@ -37,25 +44,51 @@ import torch
 import nalu_cuda
 from nalu_cuda import _ops
 
-__all__ = ["NATIVE_MODELS", "native_step", "model_layers", "in_call_stream"]
+__all__ = ["NATIVE_MODELS", "RECURRENT_NATIVE_MODELS", "native_step", "model_layers", "recurrent_layers",
+           "in_call_stream"]
 
 # model name -> the layer classes of its two layers
 NATIVE_MODELS = {"nac": ("NAC", "NAC"), "nalu": ("NALU", "NALU"), "nmu": ("NAU", "NMU")}
+# the recurrent task's models (RecurrentNet): model name -> the class of its cell and output layer
+RECURRENT_NATIVE_MODELS = {"nac": "NAC", "nalu": "NALU"}
+
+
+def _native_layer(layer, cls: str) -> bool:
+    """``layer`` is a ``nalu_cuda.<cls>`` the native steps implement: not ``backend="reference"``; a
+    NALU with tied weights, an input gate, no gate bias and no kept parts."""
+    if type(layer) is not getattr(nalu_cuda, cls) or layer.backend == "reference":
+        return False
+    return cls != "NALU" or (layer.tied and layer.gate == "input" and layer.G_bias is None and not layer.keep_parts)
 
 
 def model_layers(model) -> Optional[Tuple[str, list]]:
-    """``(name, [first, second])`` for a model the native step implements, else None."""
+    """``(name, [first, second])`` for a static model the native step implements, else None."""
     name = getattr(model, "model", None)
     net = getattr(model, "net", None)
     if name not in NATIVE_MODELS or not isinstance(net, torch.nn.Sequential) or len(net) != 2:
         return None
     layers = list(net)
-    for layer, cls in zip(layers, NATIVE_MODELS[name]):
-        if type(layer) is not getattr(nalu_cuda, cls) or layer.backend == "reference":
-            return None
-        if cls == "NALU" and (not layer.tied or layer.gate != "input" or layer.G_bias is not None or layer.keep_parts):
-            return None
+    if not all(_native_layer(layer, cls) for layer, cls in zip(layers, NATIVE_MODELS[name])):
+        return None
     return name, layers
+
+
+def recurrent_layers(model) -> Optional[Tuple[str, list]]:
+    """``(name, [cell, out])`` for a :class:`~.arithmetic_models.RecurrentNet` the native recurrent
+    step implements (one learned state ``h0`` ``(E, 1, H)``, a cell ``I + H -> H``, an output layer
+    ``H -> 1``), else None."""
+    from .arithmetic_models import RecurrentNet
+
+    name = getattr(model, "model", None)
+    if type(model) is not RecurrentNet or name not in RECURRENT_NATIVE_MODELS:
+        return None
+    cell, out, H = model.cell, model.out, model.hidden
+    if not (_native_layer(cell, RECURRENT_NATIVE_MODELS[name]) and _native_layer(out, RECURRENT_NATIVE_MODELS[name])):
+        return None
+    if (tuple(model.h0.shape) != (model.ensemble, 1, H) or cell.out_features != H or cell.in_features <= H
+            or (out.in_features, out.out_features) != (H, 1)):
+        return None
+    return name, [cell, out]
 
 
 def _hooked(model) -> bool:
@@ -82,9 +115,11 @@ def native_step(training, base: type) -> Optional[Callable[[int], None]]:
     from .optim import FlatAdam
 
     o, model, opt, E = training.options, training.model, training.opt, training.E
-    found = model_layers(model)
+    found, kernel = model_layers(model), "static_ensemble_step"
+    if found is None:
+        found, kernel = recurrent_layers(model), "recurrent_ensemble_step"
     if (found is None or not o.step.native or o.step.resident or o.data.batch_fn is None or type(opt) is not FlatAdam
-            or not _ops.has_kernel("cpu", "static_ensemble_step") or getattr(model, "ensemble", None) != E):
+            or not _ops.has_kernel("cpu", kernel) or getattr(model, "ensemble", None) != E):
         return None
     name, layers = found
     params = list(model.parameters())
@@ -99,6 +134,8 @@ def native_step(training, base: type) -> Optional[Callable[[int], None]]:
     if name == "nalu" and layers[1].eps != eps:
         return None
     segments = opt._native_step(E)[1]
+    if kernel == "recurrent_ensemble_step":
+        return _recurrent_step(training, name, eps, segments)
     schedule = getattr(o.units.regularizer, "native_sparsity", (None, None))[1]
     op = torch.ops.nalu_cuda.static_ensemble_step
     stream, draw = in_call_stream(o.data.batch_fn, opt.flat.dtype, E)
@@ -117,6 +154,25 @@ def native_step(training, base: type) -> Optional[Callable[[int], None]]:
             loss = op(x.contiguous(), target.contiguous(), opt.flat, opt.grad, opt.exp_avg, opt.exp_avg_sq, segments,
                       training.diverged, training.any_diverged, name, eps, weight, opt.lr, opt.beta1, opt.beta2,
                       opt.eps, opt.step_count)
+        training.loss_acc.add_(loss.double())
+
+    return step
+
+
+def _recurrent_step(training, name: str, eps: float, segments: torch.Tensor) -> Callable[[int], None]:
+    """The recurrent task's native step: ``batch_fn``'s ``x`` ``(E, B, T, I)`` (or ``(B, T, I)``,
+    the same for every member) and targets ``(E, B, 1)``."""
+    o, opt, E = training.options, training.opt, training.E
+    op = torch.ops.nalu_cuda.recurrent_ensemble_step
+
+    def step(k: int) -> None:
+        opt.step_count += 1
+        x, target = o.data.batch_fn(k)
+        if x.dim() == 3:
+            x = x.unsqueeze(0).expand(E, *x.shape)
+        loss = op(x.contiguous(), target.contiguous(), opt.flat, opt.grad, opt.exp_avg, opt.exp_avg_sq, segments,
+                  training.diverged, training.any_diverged, name, eps, opt.lr, opt.beta1, opt.beta2, opt.eps,
+                  opt.step_count)
         training.loss_acc.add_(loss.double())
 
     return step

@@ -304,12 +304,14 @@ class StepOptions:
     ``lr_milestones`` or ``reinit`` (host-side schedules would be frozen into the graph).
 
     ``native``: where the model is one the native step implements (the static task's NAC, NALU and
-    NMU models on the CPU, :mod:`.native_step`), each step (not resident) is one native call
-    (``nalu_cuda::static_ensemble_step``) instead of the autograd step; the same numbers up to float
-    rounding (``python_tests/test_native_step.py`` states the tolerances). Off by default here (the
-    autograd step, :meth:`EnsembleTraining.eager_step`, is the library's reference); the static task
-    turns it on by default (``--autograd-step`` turns it off), being faster for all three models
-    (benchmarks/RESULTS.md, section 20)."""
+    NMU models, the recurrent task's NAC and NALU models, on the CPU: :mod:`.native_step`), each
+    step (not resident) is one native call (``nalu_cuda::static_ensemble_step``,
+    ``recurrent_ensemble_step``) instead of the autograd step; the same numbers up to float rounding
+    (``python_tests/test_native_step.py``, ``test_recurrent_native_step.py`` state the tolerances).
+    Off by default here (the autograd step, :meth:`EnsembleTraining.eager_step`, is the library's
+    reference); the static and recurrent tasks turn it on by default (``--autograd-step`` turns it
+    off): faster for the static task's three models (benchmarks/RESULTS.md, section 20), for the
+    recurrent task's see section 20c."""
 
     resident: bool = False
     graph: bool = False

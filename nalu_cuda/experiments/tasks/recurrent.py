@@ -147,7 +147,7 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
         res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p.lr, eval_every=p.eval_every,
                              threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"recurrent {cfg.name}",
                              clip=p.clip, stream_state=None if resident else (stream.state_dict, stream.load_state_dict),
-                             resident=resident, graph=resident_graph(p, dev, hooks), **hooks)
+                             resident=resident, graph=resident_graph(p, dev, hooks), native=p.native, **hooks)
     finally:
         stream.close()
     errors = final_errors(model, res, test_i, test_x, E)
