@@ -47,8 +47,9 @@ def main() -> int:
     for op in sorted(set(schema_ops) | known):
         if op in _ops.TRAINING_OP_NAMES:
             # each for one device: flat_adam_step_resident CUDA (FlatAdam uses tensor ops elsewhere),
-            # the static step CPU (static_ensemble_*; on CUDA the resident step)
-            keys = ["CPU"] if op.startswith("static_ensemble_") else ["CUDA"]
+            # the static and recurrent steps CPU (static_ensemble_*, recurrent_ensemble_*; on CUDA the
+            # resident step)
+            keys = ["CPU"] if op.startswith(("static_ensemble_", "recurrent_ensemble_")) else ["CUDA"]
         else:
             keys = ["CUDA", "CPU", "AutocastCUDA"] + (["Autograd"] if op in forward_ops else [])
         for key in keys:
