@@ -15,7 +15,8 @@ from .registry import ConfigResult, all_experiments
 from .verdicts import VERDICT_RULE, Budget, published_budget, run_budget, verdict
 
 __all__ = ["build_report", "md_table", "fmt_rate", "fmt_num", "fmt_ci", "fmt_ratio", "plot_per_op", "figure_lines",
-           "MADSEN_SUCCESS", "INALU_SUCCESS", "plt", "line_styles", "claim_row", "how_to_read"]
+           "MADSEN_SUCCESS", "INALU_SUCCESS", "plt", "line_styles", "claim_row", "how_to_read",
+           "LEARNED_R2", "LEARNED_KEPT_RULE", "Generalisation", "generalisation", "generalisation_claim"]
 
 # Madsen & Johansen (2020), static task, U[1,2] -> U[2,6], 100 seeds. Keys: (our model name, op).
 MADSEN_SUCCESS: Dict[Tuple[str, str], float] = {
@@ -294,3 +295,89 @@ def claim_row(claim: str, rule: str, evidence: str, holds: Optional[bool], *, ce
         published = published_budget(experiment, models)
     return [claim, rule, evidence, verdict(holds, budget, published, negative=negative, budget_bound=budget_bound,
                                            structural=structural)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Learned / kept: the one rule of the sequence tasks whose outputs are numbers (digits, programs)
+# ------------------------------------------------------------------------------------------------
+
+LEARNED_R2 = 0.8  # validation R^2 from which a model counts as having learned its training range
+
+LEARNED_KEPT_RULE = (
+    f"a model has *learned* its training range when its validation R^2 = 1 - MSE / Var(target) is at least "
+    f"{LEARNED_R2}; it *keeps* a longer length or a larger domain when its relative error there is at most twice "
+    "that of the training range (or within 0.05 of it); a model that did not learn cannot be judged outside")
+
+
+def keeps(err_train: Optional[float], err_out: Optional[float]) -> Optional[bool]:
+    """Whether a relative error outside the training range keeps that of the training range
+    (:data:`LEARNED_KEPT_RULE`); None where either is unknown."""
+    if err_train is None or err_out is None or not math.isfinite(err_train):
+        return None
+    return math.isfinite(err_out) and err_out <= max(2.0 * err_train, err_train + 0.05)
+
+
+class Generalisation:
+    """One model's measurement by :data:`LEARNED_KEPT_RULE`: its validation R^2, its relative error in
+    the training range and at each range outside it (``outs``: (label, error, kept))."""
+
+    def __init__(self, label: str, r2: Optional[float], err_train: Optional[float],
+                 outs: Sequence[Tuple[str, Optional[float]]]):
+        self.label, self.r2, self.err_train = label, r2, err_train
+        self.outs = [(name, err, keeps(err_train, err)) for name, err in outs]
+
+    @property
+    def learned(self) -> Optional[bool]:
+        return None if self.r2 is None else self.r2 >= LEARNED_R2
+
+    @property
+    def kept_all(self) -> bool:
+        return bool(self.learned) and all(k for _, _, k in self.outs)
+
+    @property
+    def lost_all(self) -> bool:
+        return bool(self.learned) and all(k is False for _, _, k in self.outs)
+
+    def evidence(self) -> str:
+        r2 = "R^2 ?" if self.r2 is None else f"R^2 {self.r2:.2f}"
+        if self.learned is False:
+            return f"{self.label}: {r2} (did not learn)"
+        outs = ", ".join(f"{fmt_num(e)} ({n}{', kept' if k else ''})" for n, e, k in self.outs)
+        return f"{self.label}: {r2}; {fmt_num(self.err_train)} -> {outs}"
+
+
+def generalisation(result: ConfigResult, label: str, train_key: str,
+                   out_keys: Sequence[Tuple[str, str]]) -> Generalisation:
+    """:class:`Generalisation` of ``result``: R^2 from its validation MSE (``interp_mse_mean``) and the
+    validation target's variance (its ``extra["val_target_var"]``); relative errors from the
+    summary's ``<key>_mean`` (``train_key``, and each ``(label, key)`` of ``out_keys``)."""
+    s = result.summary
+    var, mse = (result.extra or {}).get("val_target_var"), s.get("interp_mse_mean")
+    r2 = None if not var or mse is None else 1.0 - float(mse) / float(var)
+    return Generalisation(label, r2, s.get(f"{train_key}_mean"),
+                          [(name, s.get(f"{key}_mean")) for name, key in out_keys])
+
+
+def generalisation_claim(claim: str, models: Sequence[Tuple[Generalisation, ConfigResult]], *, extrapolates: bool,
+                         experiment: Optional[str] = None, published: Optional[Budget] = None,
+                         missing: Sequence[str] = ()) -> List[str]:
+    """A claims-table row (:func:`claim_row`) for "these models learn their training range and keep
+    (``extrapolates``) / lose (not ``extrapolates``) every range outside it". A model that kept a range
+    where the claim says it fails makes the verdict final; a model that did not learn leaves the claim
+    to the budget (more training could make it learn). ``missing``: the claim's models that did not run
+    (then it is not tested here). ``published``: the published budget, else ``experiment``'s."""
+    gens = [g for g, _ in models]
+    if not gens or missing:
+        return claim_row(claim, "", "; ".join([g.evidence() for g in gens] + [f"{m}: not run" for m in missing]),
+                         None)
+    learned = all(g.learned for g in gens)
+    if extrapolates:
+        holds, bound = all(g.kept_all for g in gens), None
+        rule = "every model learned the training range and keeps every range outside it"
+    else:
+        holds = all(g.lost_all for g in gens)
+        bound = holds or not learned
+        rule = "every model learned the training range and keeps no range outside it"
+    return claim_row(claim, rule, "; ".join(g.evidence() for g in gens), holds, cells=[r for _, r in models],
+                     experiment=experiment, models=[r.config.params.get("model", "") for _, r in models],
+                     published=published, budget_bound=bound)

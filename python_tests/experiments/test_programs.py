@@ -87,6 +87,10 @@ def test_report_section_with_bands(tmp_path):
     results = run_results(programs, cfgs, tmp_path)
     text = programs.report_section(results, str(tmp_path))
     assert "Fig. 4" in text and "LSTM + NALU" in text
+    # the claims by the one verdict rule: the UGRNN did not run; the NALU's claim has a verdict
+    assert "add: the paper's claims, checked" in text and "UGRNN: not run" in text
+    nalu_row = next(l for l in text.splitlines() if l.startswith("| add: the recurrent NALU extrapolates"))
+    assert any(w in nalu_row for w in ("**holds**", "**inconclusive at this budget**", "**does not hold**"))
     assert os.path.exists(tmp_path / "programs_fig4.png")
 
 

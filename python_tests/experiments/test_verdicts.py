@@ -162,3 +162,50 @@ def test_line_styles_are_distinct_for_16_lines():
 
     st = line_styles(16)
     assert len({s["color"] for s in st}) == 16 and len({s["marker"] for s in st}) == 16
+
+
+def _seq_cell(model, seeds, steps, r2, err_train, errs_out, var=4.0):
+    """A digits-like result: validation MSE from R^2, relative errors at the training length and outside."""
+    summary = {"interp_mse_mean": (1 - r2) * var, "relerr_len10_mean": err_train, "seeds": seeds, "steps": steps}
+    summary.update({f"relerr_len{L}_mean": e for L, e in errs_out.items()})
+    return ConfigResult(Config("digits", f"addition-{model}", seeds, steps, {"model": model, "task": "addition"}),
+                        [], summary, extra={"val_target_var": var})
+
+
+def test_learned_and_kept_rule_gives_verdicts_by_the_one_rule():
+    """The sequence tasks' rule (digits, programs): learned at the training range, then kept or lost."""
+    from nalu_cuda.experiments.report import LEARNED_R2, generalisation, generalisation_claim, keeps
+
+    assert keeps(0.1, 0.2) and keeps(0.01, 0.06) and not keeps(0.1, 0.21) and not keeps(0.01, 0.07)
+    assert keeps(0.1, float("inf")) is False and keeps(0.1, float("nan")) is False and keeps(None, 0.1) is None
+    pub, low = Budget(10, 20000), (3, 1000)
+    out = lambda r: [("length 100", "relerr_len100"), ("length 1000", "relerr_len1000")]  # noqa: E731
+
+    def v(cells, extrapolates, **kw):
+        gens = [(generalisation(c, c.config.params["model"], "relerr_len10", out(c)), c) for c in cells]
+        return generalisation_claim("claim", gens, extrapolates=extrapolates, published=pub, **kw)
+
+    learned_kept = _seq_cell("nac", *low, 0.95, 0.03, {100: 0.04, 1000: 0.05})
+    g = generalisation(learned_kept, "NAC", "relerr_len10", out(learned_kept))
+    assert math.isclose(g.r2, 0.95) and g.learned and g.kept_all and not g.lost_all
+    assert "0.03 -> 0.04 (length 100, kept)" in g.evidence()
+    learned_lost = _seq_cell("lstm", *low, 0.93, 0.07, {100: 0.87, 1000: 0.98})
+    unlearned = _seq_cell("nalu", *low, 0.2, 0.7, {100: 0.9, 1000: 1.1})
+    assert generalisation(unlearned, "NALU", "relerr_len10", out(unlearned)).learned is False
+    assert LEARNED_R2 == 0.8
+    # "these models extrapolate": a success is final at any budget; a failure is final only at the published one
+    assert v([learned_kept], True)[3] == "**holds**"
+    row = v([learned_kept, unlearned], True)
+    assert row[3].startswith("**inconclusive at this budget**") and "3 seeds x 1e3 steps" in row[3]
+    assert "nalu: R^2 0.20 (did not learn)" in row[2]
+    at_pub = _seq_cell("nalu", 10, 20000, 0.2, 0.7, {100: 0.9, 1000: 1.1})
+    assert v([at_pub], True)[3].startswith("**does not hold** (at the published budget")
+    # "these models fail outside": kept where it should fail is final; lost is final only at the published budget
+    assert v([learned_kept], False)[3] == "**does not hold**"
+    assert v([learned_lost], False)[3].startswith("**inconclusive at this budget**")
+    assert v([unlearned], False)[3].startswith("**inconclusive at this budget**")
+    lost_at_pub = _seq_cell("lstm", 10, 20000, 0.93, 0.07, {100: 0.87, 1000: 0.98})
+    assert v([lost_at_pub], False)[3].startswith("**holds** (at the published budget")
+    # a claim's model that did not run: not tested
+    row = v([learned_lost], False, missing=["GRU"])
+    assert row[3] == "not tested here" and "GRU: not run" in row[2]
