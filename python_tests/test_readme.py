@@ -80,12 +80,15 @@ def test_the_readme_has_its_blocks():
 # ------------------------------------------------------------------------------------------------
 
 
-def _module(name: str, **attrs) -> types.ModuleType:
+def _module(name: str, monkeypatch, **attrs) -> types.ModuleType:
+    """A stand-in module ``name`` holding ``attrs``; its classes name it as their home for the test
+    only (``monkeypatch`` restores ``__module__`` afterwards: test_compat's classes are shared with
+    other tests), and it holds each class under its own name too, where pickle looks it up."""
     mod = types.ModuleType(name)
     for k, v in attrs.items():
         if isinstance(v, type):
-            v.__module__ = name
-            v.__qualname__ = k
+            monkeypatch.setattr(v, "__module__", name)
+            setattr(mod, v.__qualname__, v)
         setattr(mod, k, v)
     return mod
 
@@ -131,7 +134,7 @@ class _KzNALU(nn.Module):
 
 
 def _kevinzakka(tmp_path, monkeypatch):
-    models = _module("models", NALU=_KzNALU, NeuralArithmeticLogicUnitCell=_KzNALUCell,
+    models = _module("models", monkeypatch, NALU=_KzNALU, NeuralArithmeticLogicUnitCell=_KzNALUCell,
                      NeuralAccumulatorCell=_KzNAC)
     monkeypatch.setitem(sys.modules, "models", models)
     torch.manual_seed(1)
@@ -177,14 +180,15 @@ class _SnNetwork(nn.Module):
 
 
 def _stable_nalu(tmp_path, monkeypatch):
-    pkg = _module("stable_nalu")
+    pkg = _module("stable_nalu", monkeypatch)
     pkg.__path__ = []
-    abstract = _module("stable_nalu.abstract", ExtendedTorchModule=_ExtendedTorchModule)
-    layer = _module("stable_nalu.layer")
+    abstract = _module("stable_nalu.abstract", monkeypatch, ExtendedTorchModule=_ExtendedTorchModule)
+    layer = _module("stable_nalu.layer", monkeypatch)
     layer.__path__ = []
-    generalized = _module("stable_nalu.layer.generalized", unit_name_to_layer_class={}, unit_name_to_cell_class={})
-    network = _module("stable_nalu.network", SimpleFunctionStaticNetwork=_SnNetwork, GeneralizedLayer=_SnGeneralizedLayer,
-                      NALULayer=_SnNALULayer, NACLayer=_SnNAC)
+    generalized = _module("stable_nalu.layer.generalized", monkeypatch, unit_name_to_layer_class={},
+                          unit_name_to_cell_class={})
+    network = _module("stable_nalu.network", monkeypatch, SimpleFunctionStaticNetwork=_SnNetwork,
+                      GeneralizedLayer=_SnGeneralizedLayer, NALULayer=_SnNALULayer, NACLayer=_SnNAC)
     pkg.abstract, pkg.layer, pkg.network, layer.generalized = abstract, layer, network, generalized
     for mod in (pkg, abstract, layer, generalized, network):
         monkeypatch.setitem(sys.modules, mod.__name__, mod)
