@@ -18,10 +18,9 @@ stream included), e.g.
 
     PYTHONHASHSEED=0 valgrind --tool=callgrind python benchmarks/count_recurrent_step.py nac --data drawn --calls 8
     PYTHONHASHSEED=0 valgrind --tool=callgrind python benchmarks/count_recurrent_step.py nac --data drawn --calls 24
-    # (Collected at 24 - Collected at 8) / 16: instructions per step
+    # (I refs at 24 - I refs at 8) / 16: instructions per step (callgrind_annotate on both: per function)
 
-or only the ops' kernels with ``--toggle-collect='*grad_impl(*'`` (grad_impl, drawn_grad_impl: the
-step but Adam, with the draw for ``drawn``)."""
+(``--toggle-collect`` on the drawn op's kernel does not work: the compiler inlines it into the op.)"""
 from __future__ import annotations
 
 import argparse
