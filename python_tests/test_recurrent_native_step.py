@@ -500,6 +500,17 @@ def test_drawn_step_falls_back_where_it_cannot():
         assert in_call_stream(fn, torch.float32, 2 * S, recurrent=recurrent)[0] is s
 
 
+def _equal(u, v):
+    """Records equal, bit for bit: NaN equals NaN, inside lists and dicts too."""
+    if isinstance(u, float) and isinstance(v, float):
+        return u == v or (math.isnan(u) and math.isnan(v))
+    if isinstance(u, (list, tuple)) and isinstance(v, (list, tuple)):
+        return len(u) == len(v) and all(_equal(a, b) for a, b in zip(u, v))
+    if isinstance(u, dict) and isinstance(v, dict):
+        return u.keys() == v.keys() and all(_equal(u[k], v[k]) for k in u)
+    return u == v
+
+
 @drawn
 def test_the_recurrent_task_is_unchanged_by_the_drawn_step(monkeypatch):
     """A short run of the recurrent task (float32, both models, 2 ops) with the batches drawn in the
@@ -524,15 +535,6 @@ def test_the_recurrent_task_is_unchanged_by_the_drawn_step(monkeypatch):
         used.append(False)
         return None, None
 
-    def equal(u, v):
-        if isinstance(u, float) and isinstance(v, float):
-            return u == v or (math.isnan(u) and math.isnan(v))
-        if isinstance(u, (list, tuple)) and isinstance(v, (list, tuple)):
-            return len(u) == len(v) and all(equal(a, b) for a, b in zip(u, v))
-        if isinstance(u, dict) and isinstance(v, dict):
-            return u.keys() == v.keys() and all(equal(u[k], v[k]) for k in u)
-        return u == v
-
     with _threads(1):
         for name in MODELS:
             cfg = recurrent_config(name, ["add", "sub"], 3, 120, **small)
@@ -546,4 +548,40 @@ def test_the_recurrent_task_is_unchanged_by_the_drawn_step(monkeypatch):
             for u, v in zip(drawn_records, fed):
                 assert u.keys() == v.keys()
                 for key in u:
-                    assert equal(u[key], v[key]), (name, key, u[key], v[key])
+                    assert _equal(u[key], v[key]), (name, key, u[key], v[key])
+
+
+@drawn
+def test_the_recurrent_task_resumed_gives_the_uninterrupted_result(tmp_path, monkeypatch):
+    """The recurrent task with the drawn step, killed after its third checkpoint (step 60) and
+    resumed: the records of the run that was not interrupted (the streams' states come back from the
+    checkpoint and the drawing continues from them)."""
+    from nalu_cuda.experiments import runner
+    from nalu_cuda.experiments.parts import native_step
+    from nalu_cuda.experiments.tasks.recurrent import recurrent_config
+
+    from .experiments.test_cli import interrupted_at_third_checkpoint
+
+    real, drew = native_step.in_call_stream, []
+
+    def recording(*args, **kw):
+        found = real(*args, **kw)
+        drew.append(found[0])
+        return found
+
+    monkeypatch.setattr(native_step, "in_call_stream", recording)
+    cfg = recurrent_config("nac", ["add", "sub"], 3, 120, eval_every=20, n_valid=100, n_test=100, n_extrap=30,
+                           baseline_models=2, threshold_samples=200, extrap_length=40, curve_lengths=[10, 40], lr=3e-2)
+    with _threads(1):
+        ref = runner.run_one(cfg, str(tmp_path / "a"), progress=False, log=lambda m: None)
+        b = str(tmp_path / "b")
+        interrupted_at_third_checkpoint(cfg, b, monkeypatch)
+        logs = []
+        res = runner.run_one(cfg, b, progress=False, resume=True, checkpoint_every_s=0, log=logs.append)
+    assert any("resumed at step 60" in m for m in logs)
+    assert len(drew) == 3 and all(stream is not None for stream in drew)  # every run drew in the call
+    assert len(res.records) == 6
+    for u, v in zip(res.records, ref.records):
+        assert u.keys() == v.keys()
+        for key in u:
+            assert key == "wall_s" or _equal(u[key], v[key]), (key, u[key], v[key])
