@@ -47,7 +47,8 @@ def main() -> int:
     for op in sorted(set(schema_ops) | known):
         if op in _ops.TRAINING_OP_NAMES:
             # each for one device: flat_adam_step_resident CUDA (FlatAdam uses tensor ops elsewhere),
-            # the static and recurrent steps CPU (static_ensemble_*, recurrent_ensemble_*; on CUDA the
+            # the static and recurrent steps CPU (static_ensemble_*, recurrent_ensemble_*, the in-call
+            # draws static_ensemble_step_drawn and recurrent_ensemble_step_drawn included; on CUDA the
             # resident step)
             keys = ["CPU"] if op.startswith(("static_ensemble_", "recurrent_ensemble_")) else ["CUDA"]
         else:

@@ -296,24 +296,35 @@ def test_in_call_draw_is_the_stream_bit_for_bit(name, ops, rng, started):
     step fed by UniformStream (same seeds, inputs and targets), and leaves the stream where the
     stream itself would be: its next batch is the same. `started`: the stream had drawn a chunk and
     one ahead (prefetch) before training, which the in-call step uses up first."""
-    S = 3
-    ref, drawn = _stream(S, ops, rng), _stream(S, ops, rng, prefetch=started)
+    assert_in_call_draw_matches_the_stream(lambda prefetch: _stream(3, ops, rng, prefetch=prefetch),
+                                           lambda stream, in_call: _train_on(name, stream, ops, in_call), started)
+
+
+def assert_in_call_draw_matches_the_stream(make_stream, train_on, started):
+    """Training on a stream from ``make_stream(prefetch)`` with its batches drawn in the call
+    (``train_on(stream, in_call=True)``, returning ``(model, result)``) gives the bits of the same
+    training fed through batch_fn, and leaves the stream where batch_fn's would be: the same next
+    batch, and a stream resumed from its state_dict and the stream itself continue the same
+    sequence. ``started``: the stream had drawn a chunk and one ahead (prefetch) before training."""
+    ref, drawn = make_stream(False), make_stream(started)
     if started:
         ref.next(), drawn.next()
     try:
-        a, ra = _train_on(name, ref, ops, in_call=False)
-        b, rb = _train_on(name, drawn, ops, in_call=True)
+        a, ra = train_on(ref, in_call=False)
+        b, rb = train_on(drawn, in_call=True)
         assert drawn._words is not None  # it did draw in the call
         for pa, pb in zip(a.parameters(), b.parameters()):
             assert torch.equal(pa, pb)
-        assert torch.equal(ra.final_loss, rb.final_loss)
+        assert torch.equal(ra.final_loss, rb.final_loss) and torch.equal(ra.diverged, rb.diverged)
         state = drawn.state_dict()
         want = ref.next()
         for u, v in zip(want, drawn.next()):
             assert torch.equal(u, v)
-        fresh = _stream(S, ops, rng)
+        fresh = make_stream(False)
         fresh.load_state_dict(state)  # a checkpoint taken after in-call steps resumes the stream exactly
         for u, v in zip(want, fresh.next()):
+            assert torch.equal(u, v)
+        for u, v in zip(ref.next(), drawn.next()):  # and drawing on continues the same sequence
             assert torch.equal(u, v)
     finally:
         ref.close(), drawn.close()

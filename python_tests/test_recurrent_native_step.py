@@ -21,7 +21,7 @@ from nalu_cuda.experiments.parts.optim import FlatAdam
 from nalu_cuda.experiments.parts.training import (DataOptions, EnsembleTraining, EvalOptions, EvalSet, OptimOptions,
                                                   StepOptions, TrainOptions)
 
-from .test_native_step import F32_ATOL, assert_trainings_match
+from .test_native_step import F32_ATOL, assert_in_call_draw_matches_the_stream, assert_trainings_match
 
 pytestmark = pytest.mark.skipif(not _ops.has_kernel("cpu", "recurrent_ensemble_step"),
                                 reason="nalu_cuda built without the recurrent step's CPU kernels")
@@ -318,3 +318,270 @@ def test_bad_arguments_name_the_op_the_argument_what_was_expected_and_what_came(
     with pytest.raises(RuntimeError, match=r"recurrent_ensemble_grad: every tensor argument must be a CPU tensor.*"
                                            r"'param' on meta"):
         torch.ops.nalu_cuda.recurrent_ensemble_grad(**{**_grad_args(args), "param": args["param"].to("meta")})
+
+
+# -- the batch drawn in the call (recurrent_ensemble_step_drawn) ----------------------------------------------
+
+DI = 10  # the task's input size: subset layouts as the task draws them
+drawn = pytest.mark.skipif(not _ops.has_kernel("cpu", "recurrent_ensemble_step_drawn"),
+                           reason="nalu_cuda built without the recurrent step's in-call draw")
+
+
+def _stream(S, ops, rng, B=8, T=5, chunk=4, prefetch=False, seed0=0):
+    from nalu_cuda.experiments.parts import arithmetic_data as ar
+    from nalu_cuda.experiments.parts.uniform_stream import SumTargets, UniformStream
+
+    seeds = list(range(seed0, seed0 + S))
+    masks = torch.stack([ar.subset_layout(s, DI).mask() for s in seeds])
+    return UniformStream(seeds, (B, T, DI), ar.parse_range(rng), chunk=chunk, prefetch=prefetch,
+                         transform=SumTargets(masks.numpy(), ops))
+
+
+def _train_on(name, stream, ops, in_call, steps=STEPS):
+    """The native step over `stream`'s batches (x repeated per op, as the task's batch_fn does):
+    drawn in the call (`in_call`: batch_fn names its stream) or through batch_fn."""
+    E_ = len(stream.seeds) * len(ops)
+    model = _model(name, torch.float32, E_, inputs=DI)
+
+    def batch_fn(k):
+        x, t = stream.next()
+        return (x if len(ops) == 1 else x.repeat(len(ops), 1, 1, 1)), t
+
+    if in_call:
+        batch_fn.uniform_stream = stream
+    xv = torch.rand(8, stream.shape[1], DI) + 1
+    options = TrainOptions(data=DataOptions(batch_fn=batch_fn),
+                           evaluation=EvalOptions(val=EvalSet("valid", xv, torch.zeros(E_, 8, 1), shared=True),
+                                                  eval_every=1000),
+                           optim=OptimOptions(lr=1e-2), step=StepOptions(native=True))
+    training = EnsembleTraining(model, E_, steps, options)
+    result = training.run()
+    assert training.step_path == "native"
+    return model, result
+
+
+CASES = [("nac", ["add", "sub"], [1, 2], 8, 5), ("nalu", ["mul", "div", "root"], [0.5, 3], 13, 2),
+         ("nac", ["squared"], [-2, 2], 3, 4), ("nalu", ["add"], [1, 2], 16, 1)]  # (name, ops, range, B, T)
+
+
+@drawn
+@pytest.mark.parametrize("name,ops,rng,B,T", CASES)
+def test_drawn_op_is_the_step_on_the_streams_batch(name, ops, rng, B, T):
+    """One call of the drawn op against recurrent_ensemble_step on the stream's own batch (x
+    repeated per op, the stream's targets): the same loss, parameters, gradient, moments and flags
+    bit for bit, and the SFC64 states advanced exactly as the stream's generators (chunk 1: one batch)."""
+    S = 3
+    ref, src = _stream(S, ops, rng, B=B, T=T, chunk=1), _stream(S, ops, rng, B=B, T=T, chunk=1)
+    draw = src.in_call_draw()
+    assert draw is not None and (draw["batch"], draw["length"]) == (B, T)
+    E_ = S * len(ops)
+    for step in (1, 2, 3):  # fresh batches every call, the buffers carried over as in training
+        if step == 1:
+            _, want = _op_args(name, torch.float32, E=E_, B=B, T=T, inputs=DI)
+            _, got = _op_args(name, torch.float32, E=E_, B=B, T=T, inputs=DI)
+            words = src.draw_words()
+        x, t = ref.next()
+        want.update(x=x.repeat(len(ops), 1, 1, 1).contiguous(), target=t.contiguous(), step=step)
+        loss_want = torch.ops.nalu_cuda.recurrent_ensemble_step(**want)
+        args = {k: v for k, v in got.items() if k not in ("x", "target")}
+        loss_got = torch.ops.nalu_cuda.recurrent_ensemble_step_drawn(
+            state=words, weights=draw["weights"], ops=draw["ops"], lo=draw["lo"], hi=draw["hi"], raw=draw["raw"],
+            batch=B, length=T, **{**args, "step": step})
+        assert torch.equal(loss_got, loss_want)
+        for k in ("param", "grad", "exp_avg", "exp_avg_sq", "diverged"):
+            assert torch.equal(got[k], want[k]), k
+        ref_words = torch.tensor([list(bg.state["state"]["state"].view("int64")) for bg in ref._bitgens])
+        assert torch.equal(words, ref_words)
+    assert got["grad"].abs().max() > 0
+
+
+@drawn
+@pytest.mark.parametrize("name,ops,rng", [("nac", ["add", "sub"], [1, 2]), ("nalu", ["mul", "div", "root"], [0.5, 3]),
+                                          ("nac", ["sub", "squared"], [-2, 2])])
+@pytest.mark.parametrize("started", [False, True])
+def test_drawn_step_trains_as_the_stream_bit_for_bit(name, ops, rng, started):
+    """The native step drawing each seed's batch in the call trains to the bits of the same step fed
+    by the stream through batch_fn, and leaves the stream where the stream itself would be
+    (test_native_step.assert_in_call_draw_matches_the_stream: the next batch, state_dict, resume).
+    `started`: the stream had drawn a chunk and one ahead (prefetch) before training, which the
+    in-call step uses up first."""
+    assert_in_call_draw_matches_the_stream(lambda prefetch: _stream(3, ops, rng, prefetch=prefetch),
+                                           lambda stream, in_call: _train_on(name, stream, ops, in_call), started)
+
+
+@drawn
+@pytest.mark.parametrize("name", MODELS)
+def test_drawn_step_threads_give_the_same_bits(name):
+    """7 seeds x 2 ops, the seeds split unevenly over 2 threads: the same bits as 1 thread."""
+    results = []
+    for threads in (1, 2):
+        with _threads(threads):
+            stream = _stream(7, ["add", "sub"], [1, 2], B=9, T=4)
+            model, res = _train_on(name, stream, ["add", "sub"], in_call=True, steps=5)
+            results.append([p.detach().clone() for p in model.parameters()] + [res.final_loss, stream._words.clone()])
+    for u, v in zip(*results):
+        assert torch.equal(u, v)
+
+
+def _drawn_args(name="nac", S=3, ops=(0, 1), B=8, T=5):
+    _, args = _op_args(name, torch.float32, E=S * len(ops), B=B, T=T, inputs=DI)
+    for k in ("x", "target"):
+        args.pop(k)
+    args.update(state=torch.zeros(S, 4, dtype=torch.int64), weights=torch.zeros(S, DI, 2, dtype=torch.float64),
+                ops=list(ops), lo=1.0, hi=2.0, raw=True, batch=B, length=T)
+    return args
+
+
+@drawn
+def test_drawn_bad_arguments_name_the_op_the_argument_what_was_expected_and_what_came():
+    op = torch.ops.nalu_cuda.recurrent_ensemble_step_drawn
+    args = _drawn_args()
+    op(**args)  # well formed
+    name = r"recurrent_ensemble_step_drawn: "
+
+    def fails(pattern, **changes):
+        with pytest.raises(RuntimeError, match=name + pattern):
+            op(**{**args, **changes})
+
+    fails(r"argument 'ops' must list operation codes 0 \.\. 5 \(add, sub, mul, div, squared, root\), got 6", ops=[0, 6])
+    fails(r"argument 'ops' must name at least one operation, got none", ops=[])
+    fails(r"argument 'state' must be a contiguous int64 CPU tensor of shape \(S, 4\) .* got a Float cpu tensor of "
+          r"shape \[3, 4\]", state=torch.zeros(3, 4))
+    fails(r"argument 'state' .* got a Long cpu tensor of shape \[3, 5\]", state=torch.zeros(3, 5, dtype=torch.int64))
+    fails(r"argument 'weights' must be a contiguous float64 CPU tensor of shape \(3, I, 2\) .* got a Double cpu tensor "
+          r"of shape \[2, 10, 2\]", weights=torch.zeros(2, DI, 2, dtype=torch.float64))
+    fails(r"argument 'diverged' must have one flag per member, S \* len\(ops\) = 9, got a Bool cpu tensor of shape "
+          r"\[6\]", ops=[0, 1, 2])
+    fails(r"arguments 'batch' and 'length' must be >= 1 with batch \* length \* I even \(a step's draw ends on a whole "
+          r"64-bit word\), got batch 3, length 5 for I = 9",
+          weights=torch.zeros(3, 9, 2, dtype=torch.float64), batch=3)
+    fails(r"arguments 'batch' and 'length' .* got batch 0, length 5", batch=0)
+    fails(r"arguments 'batch' and 'length' .* got batch 8, length 0", length=0)
+    fails(r"arguments 'lo' and 'hi' must be finite, got 1, inf", hi=math.inf, raw=False)
+    fails(r"argument 'param' must be a contiguous float32 CPU tensor \(the drawn inputs' dtype\) of one dimension",
+          param=args["param"].double())
+    fails(r"argument 'model' must be 'nac' .* or 'nalu' .* got 'nmu'", model="nmu")
+    fails(r"argument 'segments' row 1 must be \(offset, 26\) inside param's .* I = 11, hidden 2, got \(\d+, 24\)",
+          weights=torch.zeros(3, 11, 2, dtype=torch.float64))  # (the model's inputs are 10)
+    fails(r"argument 'exp_avg' must be a contiguous CPU tensor like param", exp_avg=args["exp_avg"][:-1])
+    fails(r"argument 'step' must be at least 1", step=0)
+    fails(r"every tensor argument must be a CPU tensor .*'state' on meta", state=args["state"].to("meta"))
+
+
+@drawn
+def test_drawn_step_falls_back_where_it_cannot():
+    """The recurrent step draws only (B, T, I) streams, the static one only (B, I); a float64 model,
+    a union of ranges, an ensemble that is not the stream's seeds x ops, or a batch of an odd number
+    of values: batch_fn's batches."""
+    from nalu_cuda.experiments.parts import arithmetic_data as ar
+    from nalu_cuda.experiments.parts.native_step import in_call_stream
+    from nalu_cuda.experiments.parts.uniform_stream import SumTargets, UniformStream
+
+    S = 3
+
+    def stream(shape, rng=(1, 2)):
+        masks = torch.stack([ar.subset_layout(s, shape[-1]).mask() for s in range(S)]).numpy()
+        return UniformStream(list(range(S)), shape, ar.parse_range(list(rng)), chunk=2,
+                             transform=SumTargets(masks, ["add", "sub"]))
+
+    def fn(k):
+        return None
+
+    plain, flat, odd = stream((8, 5, DI)), stream((8, DI)), stream((3, 1, 11))  # odd: 33 values a batch
+    assert odd.in_call_draw() is None and stream((3, 2, 11)).in_call_draw() is not None
+    for s, dtype, members, recurrent in ((plain, torch.float32, 2 * S, False), (flat, torch.float32, 2 * S, True),
+                                         (plain, torch.float64, 2 * S, True), (plain, torch.float32, S, True),
+                                         (stream((8, 5, DI), (-2, -1, 1, 2)), torch.float32, 2 * S, True),
+                                         (odd, torch.float32, 2 * S, True)):
+        fn.uniform_stream = s
+        assert in_call_stream(fn, dtype, members, recurrent=recurrent) == (None, None)
+    for s, recurrent in ((plain, True), (flat, False)):
+        fn.uniform_stream = s
+        assert in_call_stream(fn, torch.float32, 2 * S, recurrent=recurrent)[0] is s
+
+
+def _equal(u, v):
+    """Records equal, bit for bit: NaN equals NaN, inside lists and dicts too."""
+    if isinstance(u, float) and isinstance(v, float):
+        return u == v or (math.isnan(u) and math.isnan(v))
+    if isinstance(u, (list, tuple)) and isinstance(v, (list, tuple)):
+        return len(u) == len(v) and all(_equal(a, b) for a, b in zip(u, v))
+    if isinstance(u, dict) and isinstance(v, dict):
+        return u.keys() == v.keys() and all(_equal(u[k], v[k]) for k in u)
+    return u == v
+
+
+@drawn
+def test_the_recurrent_task_is_unchanged_by_the_drawn_step(monkeypatch):
+    """A short run of the recurrent task (float32, both models, 2 ops) with the batches drawn in the
+    call gives the records of the same run with the native step fed by the task's batch_fn (the
+    path before the in-call draw), bit for bit."""
+    from nalu_cuda.experiments.parts import native_step
+    from nalu_cuda.experiments.registry import Context
+    from nalu_cuda.experiments.tasks.recurrent import recurrent_config, run
+
+    small = dict(eval_every=50, n_valid=100, n_test=100, n_extrap=30, baseline_models=2, threshold_samples=200,
+                 extrap_length=40, curve_lengths=[10, 40], lr=3e-2)
+    ctx = Context(device="cpu", work_dir=".", progress=False)
+    real = native_step.in_call_stream
+    used = []
+
+    def recording(*args, **kw):
+        found = real(*args, **kw)
+        used.append(found[0] is not None)
+        return found
+
+    def off(*args, **kw):
+        used.append(False)
+        return None, None
+
+    with _threads(1):
+        for name in MODELS:
+            cfg = recurrent_config(name, ["add", "sub"], 3, 120, **small)
+            records = []
+            for patch in (recording, off):
+                monkeypatch.setattr(native_step, "in_call_stream", patch)
+                records.append(run(cfg, ctx).records)
+            assert used[-2:] == [True, False], used
+            drawn_records, fed = records
+            assert len(drawn_records) == len(fed) == 6
+            for u, v in zip(drawn_records, fed):
+                assert u.keys() == v.keys()
+                for key in u:
+                    assert _equal(u[key], v[key]), (name, key, u[key], v[key])
+
+
+@drawn
+def test_the_recurrent_task_resumed_gives_the_uninterrupted_result(tmp_path, monkeypatch):
+    """The recurrent task with the drawn step, killed after its third checkpoint (step 60) and
+    resumed: the records of the run that was not interrupted (the streams' states come back from the
+    checkpoint and the drawing continues from them)."""
+    from nalu_cuda.experiments import runner
+    from nalu_cuda.experiments.parts import native_step
+    from nalu_cuda.experiments.tasks.recurrent import recurrent_config
+
+    from .experiments.test_cli import interrupted_at_third_checkpoint
+
+    real, drew = native_step.in_call_stream, []
+
+    def recording(*args, **kw):
+        found = real(*args, **kw)
+        drew.append(found[0])
+        return found
+
+    monkeypatch.setattr(native_step, "in_call_stream", recording)
+    cfg = recurrent_config("nac", ["add", "sub"], 3, 120, eval_every=20, n_valid=100, n_test=100, n_extrap=30,
+                           baseline_models=2, threshold_samples=200, extrap_length=40, curve_lengths=[10, 40], lr=3e-2)
+    with _threads(1):
+        ref = runner.run_one(cfg, str(tmp_path / "a"), progress=False, log=lambda m: None)
+        b = str(tmp_path / "b")
+        interrupted_at_third_checkpoint(cfg, b, monkeypatch)
+        logs = []
+        res = runner.run_one(cfg, b, progress=False, resume=True, checkpoint_every_s=0, log=logs.append)
+    assert any("resumed at step 60" in m for m in logs)
+    assert len(drew) == 3 and all(stream is not None for stream in drew)  # every run drew in the call
+    assert len(res.records) == 6
+    for u, v in zip(res.records, ref.records):
+        assert u.keys() == v.keys()
+        for key in u:
+            assert key == "wall_s" or _equal(u[key], v[key]), (key, u[key], v[key])

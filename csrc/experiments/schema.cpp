@@ -2,7 +2,8 @@
 // flat_adam_step_resident, the resident Adam step of the experiments' FlatAdam: a CUDA kernel only
 // (cuda/flat_adam_cuda.cpp). static_ensemble_grad and static_ensemble_step, the static task's whole
 // training step in one call: CPU kernels only (cpu/ensemble_step.cpp); recurrent_ensemble_grad and
-// recurrent_ensemble_step, the recurrent task's (cpu/recurrent_step.cpp). On any other device, or in a
+// recurrent_ensemble_step (and recurrent_ensemble_step_drawn, the batch drawn in the call), the
+// recurrent task's (cpu/recurrent_step.cpp). On any other device, or in a
 // build without the kernel, the kernels below say so. The other helpers of this folder (cpu/: the
 // fused Adam step on the CPU, the uniform fill) are no dispatcher ops: csrc/module.cpp binds them
 // with pybind11.
@@ -71,6 +72,17 @@ constexpr const char* kSchemas[] = {
   "recurrent_ensemble_step(Tensor x, Tensor target, Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg,"
       " Tensor(d!) exp_avg_sq, Tensor segments, Tensor(e!) diverged, bool freeze, str model, float eps,"
       " float lr, float beta1, float beta2, float adam_eps, int step) -> Tensor",
+  // recurrent_ensemble_step with the batch drawn in the call (float32; nothing of it is stored): seed
+  // s (S = state.size(0), state row s: numpy's SFC64 uint64 words viewed as int64) draws batch x length
+  // x I uniforms once, exactly UniformStream's next (batch, length, I) batch for that seed (range
+  // [lo, hi); raw: [1, 2) itself), and member e = k S + s (k < len(ops)) trains on it with targets
+  // op_k(a, b), a and b the float64 sums over the steps of the inputs with weights (S, I, 2) columns
+  // 0 and 1, op codes 0 .. 5 = add, sub, mul, div, squared, root (SumTargets). batch * length * I
+  // must be even; state is advanced by one batch.
+  "recurrent_ensemble_step_drawn(Tensor(f!) state, Tensor weights, int[] ops, float lo, float hi, bool raw,"
+      " int batch, int length, Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg, Tensor(d!) exp_avg_sq,"
+      " Tensor segments, Tensor(e!) diverged, bool freeze, str model, float eps, float lr, float beta1,"
+      " float beta2, float adam_eps, int step) -> Tensor",
 };
 
 }  // namespace
@@ -144,6 +156,14 @@ at::Tensor recurrent_ensemble_step_unsupported(TensorArg x, TensorArg target, Te
       {"grad", &grad}, {"exp_avg", &m1}, {"exp_avg_sq", &m2}, {"segments", &segments}, {"diverged", &diverged}});
 }
 
+at::Tensor recurrent_ensemble_step_drawn_unsupported(TensorArg state, TensorArg weights, at::IntArrayRef, double, double,
+    bool, int64_t, int64_t, TensorArg param, TensorArg grad, TensorArg m1, TensorArg m2, TensorArg segments,
+    TensorArg diverged, bool, c10::string_view, double, double, double, double, double, int64_t) {
+  static_step_unsupported("recurrent_ensemble_step_drawn", {{"state", &state}, {"weights", &weights},
+      {"param", &param}, {"grad", &grad}, {"exp_avg", &m1}, {"exp_avg_sq", &m2}, {"segments", &segments},
+      {"diverged", &diverged}});
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(nalu_cuda, CompositeExplicitAutograd, m) {
@@ -153,4 +173,5 @@ TORCH_LIBRARY_IMPL(nalu_cuda, CompositeExplicitAutograd, m) {
   m.impl("static_ensemble_step_drawn", &static_ensemble_step_drawn_unsupported);
   m.impl("recurrent_ensemble_grad", &recurrent_ensemble_grad_unsupported);
   m.impl("recurrent_ensemble_step", &recurrent_ensemble_step_unsupported);
+  m.impl("recurrent_ensemble_step_drawn", &recurrent_ensemble_step_drawn_unsupported);
 }

@@ -108,10 +108,9 @@ def test_static_run_writes_every_output(tmp_path, capsys):
                                                                          n_valid=200, n_test=200))) == mtime
 
 
-def test_resume_gives_the_uninterrupted_result(tmp_path, monkeypatch):
-    cfg = static_config("nalu", ["add", "mul"], 2, 120, **SMALL)
-    ref = runner.run_one(cfg, str(tmp_path / "a"), progress=False, log=lambda m: None)
-
+def interrupted_at_third_checkpoint(cfg, out: str, monkeypatch) -> None:
+    """Run ``cfg`` into ``out`` with a checkpoint at every evaluation, killed (KeyboardInterrupt)
+    right after its third checkpoint is written."""
     save = runner.atomic_torch_save
     calls = []
 
@@ -122,10 +121,16 @@ def test_resume_gives_the_uninterrupted_result(tmp_path, monkeypatch):
             raise KeyboardInterrupt
 
     monkeypatch.setattr(runner, "atomic_torch_save", killed_after_third_checkpoint)
-    b = str(tmp_path / "b")
     with pytest.raises(KeyboardInterrupt):
-        runner.run_one(cfg, b, progress=False, checkpoint_every_s=0, log=lambda m: None)
+        runner.run_one(cfg, out, progress=False, checkpoint_every_s=0, log=lambda m: None)
     monkeypatch.setattr(runner, "atomic_torch_save", save)
+
+
+def test_resume_gives_the_uninterrupted_result(tmp_path, monkeypatch):
+    cfg = static_config("nalu", ["add", "mul"], 2, 120, **SMALL)
+    ref = runner.run_one(cfg, str(tmp_path / "a"), progress=False, log=lambda m: None)
+    b = str(tmp_path / "b")
+    interrupted_at_third_checkpoint(cfg, b, monkeypatch)
     assert os.path.exists(runner.checkpoint_path(b, cfg)) and not os.path.exists(runner.result_path(b, cfg))
     with pytest.raises(runner.RunError, match="--resume"):
         runner.run_one(cfg, b, progress=False, log=lambda m: None)

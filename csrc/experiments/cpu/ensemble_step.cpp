@@ -66,27 +66,6 @@ struct StepArgs {
   double eps, reg_weight;
 };
 
-// The targets' operations (nalu_cuda/experiments/parts/arithmetic_ops.py apply_op), on the float64
-// sums a and b.
-enum class TargetOp { kAdd, kSub, kMul, kDiv, kSquared, kRoot };
-
-TargetOp target_op(const char* op, int64_t code) {
-  TORCH_CHECK(code >= 0 && code < 6, op, ": argument 'ops' must list operation codes 0 .. 5 (add, sub, mul, div, "
-              "squared, root), got ", code);
-  return static_cast<TargetOp>(code);
-}
-
-inline double apply_target(TargetOp op, double a, double b) {
-  switch (op) {
-    case TargetOp::kAdd: return a + b;
-    case TargetOp::kSub: return a - b;
-    case TargetOp::kMul: return a * b;
-    case TargetOp::kDiv: return a / b;
-    case TargetOp::kSquared: return a * a;
-    default: return std::sqrt(a);
-  }
-}
-
 // The in-call draw of static_ensemble_step_drawn: member e draws its batch from a copy of SFC64
 // generator e % S (exactly UniformStream's next batch for that seed) and its targets with op e / S
 // (SumTargets: the float64 subset sums a, b, the op in float64, one rounding to float32).
@@ -224,25 +203,15 @@ at::Tensor static_ensemble_step(const at::Tensor& x, const at::Tensor& target, c
   return loss;
 }
 
-// The draw's arguments, checked: state (S, 4), weights (S, I, 2), ops (E / S names), batch B.
+// The draw's arguments, checked (check_draw_args): state (S, 4), weights (S, I, 2), ops (E / S
+// names), batch B with B * I even.
 StepArgs check_draw(const char* op, const at::Tensor& state, const at::Tensor& weights, const std::vector<TargetOp>& ops,
                     double lo, double hi, int64_t batch, const at::Tensor& diverged) {
   StepArgs a{};
-  check_cpu_tensor(op, "state", state, "a contiguous int64 CPU tensor of shape (S, 4) (numpy's SFC64 words, one row "
-                   "per seed)", state.defined() && state.scalar_type() == at::kLong && state.dim() == 2 &&
-                   state.size(0) >= 1 && state.size(1) == 4);
-  const int64_t S = state.size(0);
-  check_cpu_tensor(op, "weights", weights, c10::str("a contiguous float64 CPU tensor of shape (", S, ", I, 2) (the "
-                   "subset masks, one per seed)"), weights.defined() && weights.scalar_type() == at::kDouble &&
-                   weights.dim() == 3 && weights.size(0) == S && weights.size(1) >= 1 && weights.size(2) == 2);
-  a.I = weights.size(1), a.B = batch;
-  TORCH_CHECK(!ops.empty(), op, ": argument 'ops' must name at least one operation, got none");
-  a.E = S * static_cast<int64_t>(ops.size());
-  TORCH_CHECK(diverged.defined() && diverged.dim() == 1 && diverged.numel() == a.E, op, ": argument 'diverged' must "
-              "have one flag per member, S * len(ops) = ", a.E, ", got ", describe(diverged));
+  const DrawShape d = check_draw_args(op, state, weights, ops, lo, hi, diverged);
+  a.I = d.I, a.E = d.E, a.B = batch;
   TORCH_CHECK(batch >= 1 && (batch * a.I) % 2 == 0, op, ": argument 'batch' must be >= 1 with batch * I even (a "
               "step's draw ends on a whole 64-bit word), got batch ", batch, " for I = ", a.I);
-  TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), op, ": arguments 'lo' and 'hi' must be finite, got ", lo, ", ", hi);
   return a;
 }
 

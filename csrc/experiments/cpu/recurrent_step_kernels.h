@@ -450,6 +450,16 @@ T recurrent_member(const RecurrentArgs& a, const T* x, const T* t, const Recurre
   return loss;
 }
 
+// Member e on its batch x (B, len, I) and targets t (B): its loss and divergence flag.
+template <typename T>
+inline void train_member(const RecurrentArgs& a, const T* x, const T* t, T* ps, T* gs, const int64_t* seg, int64_t e,
+                         RecurrentWork<T>& w, bool* div, T* loss) {
+  const RecurrentParams<T> mp = recurrent_params(a, ps, gs, seg, e);
+  bool bad = false;
+  loss[e] = recurrent_member(a, x, t, mp, w, div[e], &bad);
+  div[e] = div[e] || bad;
+}
+
 // Every member, split over the intra-op threads (each member whole on one thread): x (E, B, len,
 // I), targets (E, B).
 template <typename T>
@@ -457,11 +467,27 @@ void recurrent_members(const RecurrentArgs& a, const T* xs, const T* ts, T* ps, 
                        T* loss) {
   at::parallel_for(0, a.E, 1, [&](int64_t begin, int64_t end) {
     RecurrentWork<T> w = recurrent_work<T>(a);
-    for (int64_t e = begin; e < end; ++e) {
-      const RecurrentParams<T> mp = recurrent_params(a, ps, gs, seg, e);
-      bool bad = false;
-      loss[e] = recurrent_member(a, xs + e * a.B * a.len * a.I, ts + e * a.B, mp, w, div[e], &bad);
-      div[e] = div[e] || bad;
+    for (int64_t e = begin; e < end; ++e)
+      train_member(a, xs + e * a.B * a.len * a.I, ts + e * a.B, ps, gs, seg, e, w, div, loss);
+  });
+}
+
+// Every member with its batch drawn in the call (float32): the seeds split over the intra-op
+// threads; a thread draws kDrawSeeds seeds' batches and targets at a time into its own buffers
+// (draw_seeds, recurrent_step.cpp) and trains each seed's members of every op on them.
+inline void recurrent_members_drawn(const RecurrentArgs& a, const RecurrentDraw& d, float* ps, float* gs,
+                                    const int64_t* seg, bool* div, float* loss) {
+  at::parallel_for(0, d.S, 1, [&](int64_t begin, int64_t end) {
+    RecurrentWork<float> w = recurrent_work<float>(a);
+    const int64_t n = a.B * a.len * a.I;
+    std::vector<float> x(std::min(kDrawSeeds, end - begin) * n), t(d.n_ops * kDrawSeeds * a.B);
+    std::vector<double> sums;
+    for (int64_t s0 = begin; s0 < end; s0 += kDrawSeeds) {
+      const int64_t G = std::min(kDrawSeeds, end - s0);
+      draw_seeds(a, d, s0, G, x.data(), t.data(), sums);
+      for (int64_t j = 0; j < G; ++j)
+        for (int64_t k = 0; k < d.n_ops; ++k)
+          train_member(a, x.data() + j * n, t.data() + (k * G + j) * a.B, ps, gs, seg, k * d.S + s0 + j, w, div, loss);
     }
   });
 }

@@ -1,7 +1,7 @@
 // step_common.h: what the native training steps (the static task's, ensemble_step.cpp; the
 // recurrent task's, recurrent_step.cpp) share outside their per-member kernels: the layer kinds,
-// the argument checks and their messages, and the optimiser's part of a step (FlatAdam's fused step
-// and the divergence flags).
+// the argument checks and their messages, the in-call draws' target operations and argument checks,
+// and the optimiser's part of a step (FlatAdam's fused step and the divergence flags).
 #pragma once
 
 #include "experiments/cpu/flat_adam.h"
@@ -96,6 +96,51 @@ inline void check_moments(const char* op, const at::Tensor& param, const at::Ten
                      t->defined() && t->scalar_type() == param.scalar_type() && t->dim() == 1 &&
                          t->numel() == param.numel());
   TORCH_CHECK(step >= 1, op, ": argument 'step' must be at least 1 (the Adam step count after this step), got ", step);
+}
+
+// The targets' operations of the in-call draws (nalu_cuda/experiments/parts/arithmetic_ops.py
+// apply_op, SumTargets), on the float64 sums a and b.
+enum class TargetOp { kAdd, kSub, kMul, kDiv, kSquared, kRoot };
+
+inline TargetOp target_op(const char* op, int64_t code) {
+  TORCH_CHECK(code >= 0 && code < 6, op, ": argument 'ops' must list operation codes 0 .. 5 (add, sub, mul, div, "
+              "squared, root), got ", code);
+  return static_cast<TargetOp>(code);
+}
+
+inline double apply_target(TargetOp op, double a, double b) {
+  switch (op) {
+    case TargetOp::kAdd: return a + b;
+    case TargetOp::kSub: return a - b;
+    case TargetOp::kMul: return a * b;
+    case TargetOp::kDiv: return a / b;
+    case TargetOp::kSquared: return a * a;
+    default: return std::sqrt(a);
+  }
+}
+
+// The shapes of an in-call draw: S seeds, I inputs, E = S * len(ops) members.
+struct DrawShape {
+  int64_t S, I, E;
+};
+
+// The draw's arguments every drawn op takes, checked: state (S, 4) (numpy's SFC64 words), weights
+// (S, I, 2) (the subset masks), at least one op, one divergence flag per member, lo and hi finite.
+inline DrawShape check_draw_args(const char* op, const at::Tensor& state, const at::Tensor& weights,
+                                 const std::vector<TargetOp>& ops, double lo, double hi, const at::Tensor& diverged) {
+  check_cpu_tensor(op, "state", state, "a contiguous int64 CPU tensor of shape (S, 4) (numpy's SFC64 words, one row "
+                   "per seed)", state.defined() && state.scalar_type() == at::kLong && state.dim() == 2 &&
+                   state.size(0) >= 1 && state.size(1) == 4);
+  const int64_t S = state.size(0);
+  check_cpu_tensor(op, "weights", weights, c10::str("a contiguous float64 CPU tensor of shape (", S, ", I, 2) (the "
+                   "subset masks, one per seed)"), weights.defined() && weights.scalar_type() == at::kDouble &&
+                   weights.dim() == 3 && weights.size(0) == S && weights.size(1) >= 1 && weights.size(2) == 2);
+  TORCH_CHECK(!ops.empty(), op, ": argument 'ops' must name at least one operation, got none");
+  const int64_t E = S * static_cast<int64_t>(ops.size());
+  TORCH_CHECK(diverged.defined() && diverged.dim() == 1 && diverged.numel() == E, op, ": argument 'diverged' must "
+              "have one flag per member, S * len(ops) = ", E, ", got ", describe(diverged));
+  TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), op, ": arguments 'lo' and 'hi' must be finite, got ", lo, ", ", hi);
+  return DrawShape{S, weights.size(1), E};
 }
 
 // FlatAdam's step after the gradient, in eager_step's order: frozen = the diverged members (this

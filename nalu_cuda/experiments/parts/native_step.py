@@ -24,15 +24,18 @@ is tested against (``python_tests/test_native_step.py``). The native step runs w
 ``train_ensemble(native=True)``: the static and recurrent tasks' default (``--autograd-step`` forces
 the autograd step; ``train_ensemble``'s own default stays the autograd step). The recurrent step
 has the same conditions, with no unit hooks at all (its NAC and NALU models have none) and no
-clipping (``--clip`` keeps the autograd step), and no in-call draw: it takes ``batch_fn``'s batches.
+clipping (``--clip`` keeps the autograd step).
 
 Data made where it is used: where ``batch_fn`` names its :class:`~.uniform_stream.UniformStream`
-(the static task's does; :func:`in_call_stream` says when it applies), the step does not call
-``batch_fn``: each member draws its own batch inside the call, in its own thread, from its seed's
-SFC64 state, with the targets in the same pass (``nalu_cuda::static_ensemble_step_drawn``), exactly
-the values the stream would have given, and the stream draws nothing ahead any more. Values the
-stream had drawn already (the rest of a chunk, the chunk drawn ahead) are used first, through
-``batch_fn``. Otherwise (float64 models, a union of ranges, ``batch * input_size`` odd, another
+(the static and recurrent tasks' do; :func:`in_call_stream` says when it applies), the step does not
+call ``batch_fn``: the batches are drawn inside the call, in the threads that train on them, from
+the seeds' SFC64 states, with the targets in the same pass, exactly the values the stream would have
+given, and the stream draws nothing ahead any more. The static step
+(``nalu_cuda::static_ensemble_step_drawn``) draws each member's batch; the recurrent one
+(``nalu_cuda::recurrent_ensemble_step_drawn``) each seed's batch ``(B, T, I)`` once, and trains the
+seed's members of every op on it (where ``batch_fn`` would repeat it per op). Values the stream
+had drawn already (the rest of a chunk, the chunk drawn ahead) are used first, through ``batch_fn``.
+Otherwise (float64 models, a union of ranges, a batch of an odd number of values, another
 ``batch_fn``) the step takes ``batch_fn``'s batches as before.
 """
 from __future__ import annotations
@@ -160,37 +163,49 @@ def native_step(training, base: type) -> Optional[Callable[[int], None]]:
 
 
 def _recurrent_step(training, name: str, eps: float, segments: torch.Tensor) -> Callable[[int], None]:
-    """The recurrent task's native step: ``batch_fn``'s ``x`` ``(E, B, T, I)`` (or ``(B, T, I)``,
-    the same for every member) and targets ``(E, B, 1)``."""
+    """The recurrent task's native step: drawn in the call where ``batch_fn`` names its stream
+    (:func:`in_call_stream`, ``nalu_cuda::recurrent_ensemble_step_drawn``: each seed's batch once,
+    its members of every op trained on it), else ``batch_fn``'s ``x`` ``(E, B, T, I)`` (or
+    ``(B, T, I)``, the same for every member) and targets ``(E, B, 1)``."""
     o, opt, E = training.options, training.opt, training.E
     op = torch.ops.nalu_cuda.recurrent_ensemble_step
+    stream, draw = in_call_stream(o.data.batch_fn, opt.flat.dtype, E, recurrent=True)
 
     def step(k: int) -> None:
         opt.step_count += 1
-        x, target = o.data.batch_fn(k)
-        if x.dim() == 3:
-            x = x.unsqueeze(0).expand(E, *x.shape)
-        loss = op(x.contiguous(), target.contiguous(), opt.flat, opt.grad, opt.exp_avg, opt.exp_avg_sq, segments,
-                  training.diverged, training.any_diverged, name, eps, opt.lr, opt.beta1, opt.beta2, opt.eps,
-                  opt.step_count)
+        words = stream.draw_words() if draw is not None else None
+        if words is not None:  # the batch drawn in the call, as the stream would have drawn it
+            loss = torch.ops.nalu_cuda.recurrent_ensemble_step_drawn(
+                words, draw["weights"], draw["ops"], draw["lo"], draw["hi"], draw["raw"], draw["batch"],
+                draw["length"], opt.flat, opt.grad, opt.exp_avg, opt.exp_avg_sq, segments, training.diverged,
+                training.any_diverged, name, eps, opt.lr, opt.beta1, opt.beta2, opt.eps, opt.step_count)
+        else:
+            x, target = o.data.batch_fn(k)
+            if x.dim() == 3:
+                x = x.unsqueeze(0).expand(E, *x.shape)
+            loss = op(x.contiguous(), target.contiguous(), opt.flat, opt.grad, opt.exp_avg, opt.exp_avg_sq, segments,
+                      training.diverged, training.any_diverged, name, eps, opt.lr, opt.beta1, opt.beta2, opt.eps,
+                      opt.step_count)
         training.loss_acc.add_(loss.double())
 
     return step
 
 
-def in_call_stream(batch_fn, dtype: torch.dtype, E: int):
+def in_call_stream(batch_fn, dtype: torch.dtype, E: int, recurrent: bool = False):
     """``(stream, draw)`` where the native step can draw ``batch_fn``'s batches itself: ``batch_fn``
     names its :class:`~.uniform_stream.UniformStream` (attribute ``uniform_stream``, as the static
-    task's does), the model is float32 (the stream's dtype), the ensemble is the stream's seeds
-    times its ops and the stream allows it (:meth:`~.uniform_stream.UniformStream.in_call_draw`);
-    else ``(None, None)``: the step calls ``batch_fn``."""
+    and recurrent tasks' do), the model is float32 (the stream's dtype), the ensemble is the
+    stream's seeds times its ops, the stream allows it
+    (:meth:`~.uniform_stream.UniformStream.in_call_draw`) and its inputs are the step's: ``(B, I)``
+    for the static step, ``(B, T, I)`` for the recurrent one (``recurrent``); else ``(None, None)``:
+    the step calls ``batch_fn``."""
     from .uniform_stream import UniformStream
 
     stream = getattr(batch_fn, "uniform_stream", None)
-    if not isinstance(stream, UniformStream) or dtype != torch.float32 or not _ops.has_kernel(
-            "cpu", "static_ensemble_step_drawn"):
+    kernel = "recurrent_ensemble_step_drawn" if recurrent else "static_ensemble_step_drawn"
+    if not isinstance(stream, UniformStream) or dtype != torch.float32 or not _ops.has_kernel("cpu", kernel):
         return None, None
     draw = stream.in_call_draw()
-    if draw is None or len(stream.seeds) * len(draw["ops"]) != E:
+    if draw is None or (draw["length"] is not None) != recurrent or len(stream.seeds) * len(draw["ops"]) != E:
         return None, None
     return stream, draw

@@ -21,7 +21,8 @@ from .seeding import seed_for
 
 __all__ = ["UniformStream", "SumTargets", "TARGET_OP_CODES"]
 
-# The operations of SumTargets by their code in nalu_cuda::static_ensemble_step_drawn.
+# The operations of SumTargets by their code in nalu_cuda::static_ensemble_step_drawn and
+# recurrent_ensemble_step_drawn.
 TARGET_OP_CODES = ("add", "sub", "mul", "div", "squared", "root")
 
 
@@ -207,20 +208,23 @@ class UniformStream:
         out[...] = self.range._map(np.ascontiguousarray(out), None, select=sel)
 
     def in_call_draw(self) -> Optional[Dict]:
-        """What a caller needs to draw this stream's batches itself, bit for bit (the native static
-        step, ``nalu_cuda::static_ensemble_step_drawn``): ``lo``, ``hi``, ``raw``, ``weights``
-        (``(S, I, 2)`` float64 tensor), ``ops`` (codes, :data:`TARGET_OP_CODES`) and ``batch``; None
-        where it cannot: a union of ranges, no :class:`SumTargets` of two sums, inputs not
-        ``(B, I)``, ``B * I`` odd (a batch would end inside a 64-bit word), or the native fill
+        """What a caller needs to draw this stream's batches itself, bit for bit (the native steps:
+        ``nalu_cuda::static_ensemble_step_drawn`` for inputs ``(B, I)``,
+        ``nalu_cuda::recurrent_ensemble_step_drawn`` for ``(B, T, I)``): ``lo``, ``hi``, ``raw``,
+        ``weights`` (``(S, I, 2)`` float64 tensor), ``ops`` (codes, :data:`TARGET_OP_CODES`),
+        ``batch`` and ``length`` (``T``; None for inputs ``(B, I)``); None where it cannot: a union
+        of ranges, no :class:`SumTargets` of two sums, inputs neither ``(B, I)`` nor ``(B, T, I)``,
+        a batch of an odd number of values (it would end inside a 64-bit word), or the native fill
         switched off (``_USE_NATIVE_FILL``, for tests)."""
         ivs = self.range.intervals
         t = self.transform
-        if (not _USE_NATIVE_FILL or len(ivs) != 1 or not isinstance(t, SumTargets) or t.weights.shape[2] != 2 or len(self.shape) != 2
-                or self._n % 2 or t.weights.shape[:2] != (len(self.seeds), self.shape[1])):
+        if (not _USE_NATIVE_FILL or len(ivs) != 1 or not isinstance(t, SumTargets) or t.weights.shape[2] != 2
+                or len(self.shape) not in (2, 3) or self._n % 2
+                or t.weights.shape[:2] != (len(self.seeds), self.shape[-1])):
             return None
         return {"lo": float(ivs[0][0]), "hi": float(ivs[0][1]), "raw": ivs == ((1.0, 2.0),),
                 "weights": torch.from_numpy(t.weights), "ops": [TARGET_OP_CODES.index(op) for op in t.ops],
-                "batch": self.shape[0]}
+                "batch": self.shape[0], "length": self.shape[1] if len(self.shape) == 3 else None}
 
     def draw_words(self) -> Optional[Tensor]:
         """The generators' states, ``(S, 4)`` int64 (numpy's uint64 words), for a caller that draws

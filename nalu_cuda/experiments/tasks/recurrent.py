@@ -131,6 +131,9 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
         x, t = x.to(dev), t.to(dev)
         return (x if len(ops) == 1 else x.repeat(len(ops), 1, 1, 1)), t
 
+    if not resident:
+        batch_fn.uniform_stream = stream  # the native step draws the stream's batches in-call (parts/native_step.py)
+
     def fixed(name: str, rng_range: ar.Range, n: int, length: int) -> EvalSet:
         rng = np.random.default_rng(ar.seed_for(p.data_seed, f"rec-{name}"))
         x = torch.from_numpy(rng_range.sample(rng, (n, length, I))).float()
