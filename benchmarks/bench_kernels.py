@@ -36,7 +36,7 @@ def cases(E: int, B: int, I: int, O: int):
     G = rand_params((E, I, O), scale=0.3, dtype=torch.float32)
     dy = torch.randn(E, B, O)
     _, lx = ops.nac_mul_forward(x, W, M, EPS)
-    y, a, m, g, lxn = ops.nalu_forward(x, W, M, None, None, G, EPS, True)
+    y, a, m, g, lxn, _r = ops.nalu_forward(x, W, M, None, None, G, EPS, True)
     y_mul = torch.exp(lx @ (torch.tanh(W) * torch.sigmoid(M)))
     return {
         "nac_forward": lambda: ops.nac_forward(x, W, M),
@@ -62,7 +62,7 @@ def paper_breakdown():
     ref = nalu_cuda.NALU(100, 2, backend="reference")
     ref.load_state_dict(fused.state_dict())
     W, M, G = (p.detach() for p in (fused.W_hat, fused.M_hat, fused.G))
-    _, a, m, g, lx = ops.nalu_forward(x, W, M, None, None, G, EPS, True)
+    _, a, m, g, lx, _r = ops.nalu_forward(x, W, M, None, None, G, EPS, True)
     w2 = torch.randn(2, requires_grad=True)
     one = torch.ones(2)
     return {

@@ -41,14 +41,14 @@ Tensor nac_mul(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, double
   return std::get<0>(op.call(x, W_hat, M_hat, eps));
 }
 
-using NaluOutputs = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;  // y, a, m, g, lx
+using NaluOutputs = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;  // y, a, m, g, lx, r
 
 NaluOutputs nalu_forward(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m,
                          const OptTensor& M_hat_m, const Tensor& G, double eps, bool input_gate,
-                         const OptTensor& G_bias) {
+                         const OptTensor& G_bias, bool gate_regularizer = false) {
   static auto op = find_op<NaluOutputs(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
-                                       const Tensor&, double, bool, const OptTensor&)>("nalu_cuda::nalu_forward");
-  return op.call(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, G_bias);
+                                       const Tensor&, double, bool, const OptTensor&, bool)>("nalu_cuda::nalu_forward");
+  return op.call(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, G_bias, gate_regularizer);
 }
 
 Tensor nalu(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m,
@@ -66,8 +66,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> nalu_parts(const Tensor& x, const Ten
                                                       const OptTensor& W_hat_m, const OptTensor& M_hat_m,
                                                       const Tensor& G, double eps, bool input_gate,
                                                       const OptTensor& G_bias) {
-  auto [y, a, m, g, lx] = nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, G_bias);
+  auto [y, a, m, g, lx, r] = nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, G_bias);
   return {y, a, m, g};
+}
+
+// The same call with the gate regulariser sum(g^2 (1 - g)^2) of its gate: (y, a, m, g, r), one
+// autograd node (functional.nalu_parts(..., gate_regularizer=True)).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> nalu_parts_regularized(
+    const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m, const OptTensor& M_hat_m,
+    const Tensor& G, double eps, bool input_gate, const OptTensor& G_bias) {
+  auto [y, a, m, g, lx, r] = nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, G_bias, true);
+  return {y, a, m, g, r};
 }
 
 // NAU and NMU: y = op(x, W).
@@ -112,7 +121,8 @@ PYBIND11_MODULE(_C, m) {
     return info;
   });
   using release = pybind11::call_guard<pybind11::gil_scoped_release>;
-  // Each returns the op's first result (y; nalu_parts: y, a, m, g); the others are saved for backward by autograd.
+  // Each returns the op's first result (y; nalu_parts: y, a, m, g; nalu_parts_regularized: y, a, m, g and the
+  // gate regulariser); the others are saved for backward by autograd.
   m.def("nac_weight", &nac_weight, release());
   m.def("nac", &nac, release());
   m.def("nac_mul", &nac_mul, release());
@@ -123,6 +133,7 @@ PYBIND11_MODULE(_C, m) {
       pybind11::arg("G_bias") = pybind11::none());
   std::apply([&](auto... a) { m.def("nalu", &nalu, release(), a...); }, nalu_args);
   std::apply([&](auto... a) { m.def("nalu_parts", &nalu_parts, release(), a...); }, nalu_args);
+  std::apply([&](auto... a) { m.def("nalu_parts_regularized", &nalu_parts_regularized, release(), a...); }, nalu_args);
   m.def("nalu_gate_regularizer", &nalu_gate_regularizer, release(), pybind11::arg("g"),
         pybind11::arg("per_member") = false);
   m.def("nau", &nau, release());

@@ -191,7 +191,7 @@ def test_nalu_forward_saved_values(O, gate, tied):
     """nalu_forward's extra results: a = x W, m = exp(lx W_m), g, lx = log(|x| + eps)."""
     kind = f"nalu_{'input' if gate == 'input' else 'indep'}_{'tied' if tied else 'sep'}"
     t = {k: v.to(DEV) for k, v in make_inputs(kind, 2, (33,), 12, O).items()}
-    y, a, m, g, lx = torch.ops.nalu_cuda.nalu_forward(
+    y, a, m, g, lx, _r = torch.ops.nalu_cuda.nalu_forward(
         t["x"], t["W_hat"], t["M_hat"], t.get("W_hat_m"), t.get("M_hat_m"), t["G"], EPS, gate == "input")
     W = R.nac_weight(t["W_hat"], t["M_hat"])
     Wm = W if tied else R.nac_weight(t["W_hat_m"], t["M_hat_m"])
@@ -278,7 +278,7 @@ def test_float16_overflowing_m_keeps_gradients_finite(kind, O):
     t["G"] = _uniform((I, O), 0.1, 0.15) if gate == "input" else _uniform((O,), 8.0, 9.0)  # 1 - g < 4e-4
     dtype, dev = torch.float16, _dev()
     h = {k: v.to(device=dev, dtype=dtype) for k, v in t.items()}
-    _, _, m, _, _ = torch.ops.nalu_cuda.nalu_forward(h["x"], h["W_hat"], h["M_hat"], h.get("W_hat_m"),
+    _, _, m, _, _, _r = torch.ops.nalu_cuda.nalu_forward(h["x"], h["W_hat"], h["M_hat"], h.get("W_hat_m"),
                                                     h.get("M_hat_m"), h["G"], EPS, gate == "input")
     r = {k: v.double() for k, v in h.items()}
     Wm = R.nac_weight(r["W_hat_m"], r["M_hat_m"]) if sep else R.nac_weight(r["W_hat"], r["M_hat"])
@@ -316,7 +316,7 @@ def test_nac_mul_forward_saved_values_and_backward_flags(O):
 def test_nalu_backward_empty_gradients(O):
     """Tied weights and compute_grad_x=False give (0,)-shaped gradients, as on the CPU."""
     t = {k: v.to(DEV) for k, v in make_inputs("nalu_input_tied", None, (10,), 5, O).items()}
-    y, a, m, g, lx = torch.ops.nalu_cuda.nalu_forward(t["x"], t["W_hat"], t["M_hat"], None, None, t["G"], EPS, True)
+    y, a, m, g, lx, _r = torch.ops.nalu_cuda.nalu_forward(t["x"], t["W_hat"], t["M_hat"], None, None, t["G"], EPS, True)
     out = torch.ops.nalu_cuda.nalu_backward(torch.randn_like(y), t["x"], t["W_hat"], t["M_hat"], None, None, t["G"],
                                             a, m, g, lx, EPS, True, False)
     gx, gw, gm, gwm, gmm, gG, gGb = out
@@ -419,7 +419,7 @@ def test_opcheck(O, ensemble):
         _opcheck(ops.nalu_forward.default, args)
         t = inputs(kind, False)
         args = (t["x"], t["W_hat"], t["M_hat"], t.get("W_hat_m"), t.get("M_hat_m"), t["G"], EPS, input_gate)
-        y, a, m, g, lx = ops.nalu_forward(*args)
+        y, a, m, g, lx, _r = ops.nalu_forward(*args)
         for gx in (True, False):
             _opcheck(ops.nalu_backward.default,
                      (torch.randn_like(y),) + args[:6] + (a, m, g, lx, EPS, input_gate, gx))
@@ -565,7 +565,7 @@ def test_autocast_runs_float32(kind, cast, param_dtype):
 def test_autocast_backward_op_float32():
     t = {k: v.to(DEV).half() for k, v in make_inputs("nalu_input_tied", None, (8,), 4, 2).items()}
     with torch.autocast(DEV, dtype=torch.float16):
-        y, a, m, g, lx = torch.ops.nalu_cuda.nalu_forward(t["x"], t["W_hat"], t["M_hat"], None, None, t["G"], EPS,
+        y, a, m, g, lx, _r = torch.ops.nalu_cuda.nalu_forward(t["x"], t["W_hat"], t["M_hat"], None, None, t["G"], EPS,
                                                           True)
         out = torch.ops.nalu_cuda.nalu_backward(torch.ones_like(y), t["x"], t["W_hat"], t["M_hat"], None, None,
                                                 t["G"], a, m, g, lx, EPS, True, True)

@@ -111,7 +111,7 @@ def test_fake_kernels_give_the_same_errors():
             ops.nac_forward(torch.empty(4, 5), torch.empty(3, 2), torch.empty(3, 2))
         with pytest.raises(RuntimeError, match=r"nalu_cuda::nalu_forward: argument 'eps' must be a positive finite number"):
             ops.nalu_forward(torch.empty(4, 3), torch.empty(3, 2), torch.empty(3, 2), None, None, torch.empty(3, 2), 0.0, True)
-        y, a, m, g, lx = ops.nalu_forward(torch.empty(7, 4, 3), torch.empty(7, 3, 2), torch.empty(7, 3, 2), None, None,
+        y, a, m, g, lx, _r = ops.nalu_forward(torch.empty(7, 4, 3), torch.empty(7, 3, 2), torch.empty(7, 3, 2), None, None,
                                           torch.empty(7, 2), 1e-7, False)
         assert y.shape == (7, 4, 2) and g.shape == (7, 2) and lx.shape == (7, 4, 3)
 

@@ -88,7 +88,7 @@ def test_backward_op_gradient_of_the_bias_and_the_parts(path):
     E, batch, I, O = SHAPES[path]
     args = [t.detach() for t in _params(SHAPES[path], True, torch.float64, "cpu")]
     x, W, M, G, Wm, Mm, Gb = args
-    y, a, m, g, lx = ops.nalu_forward(x, W, M, Wm, Mm, G, 1e-7, True, Gb)
+    y, a, m, g, lx, _r = ops.nalu_forward(x, W, M, Wm, Mm, G, 1e-7, True, Gb)
     gy, ga, gm, gg = (torch.randn_like(y) for _ in range(4))
     base = ops.nalu_backward(gy, x, W, M, Wm, Mm, G, a, m, g, lx, 1e-7, True, True, Gb)
     assert len(base) == 7 and base[6].shape == Gb.shape
@@ -117,7 +117,7 @@ def test_independent_gate_part_gradient():
     x = rand_input((2, 6, 5))
     W, M = rand_params((2, 5, 3)), rand_params((2, 5, 3))
     G = rand_params((2, 3))
-    y, a, m, g, lx = ops.nalu_forward(x, W, M, None, None, G, 1e-7, False)
+    y, a, m, g, lx, _r = ops.nalu_forward(x, W, M, None, None, G, 1e-7, False)
     gy, gg = torch.randn_like(y), torch.randn_like(g)
     base = ops.nalu_backward(gy, x, W, M, None, None, G, a, m, g, lx, 1e-7, False, True)
     got = ops.nalu_backward(gy, x, W, M, None, None, G, a, m, g, lx, 1e-7, False, True, None, None, None, gg)
@@ -185,7 +185,7 @@ def test_bad_arguments(device):
     with pytest.raises(RuntimeError, match=op + ": argument 'G_bias' needs an input-dependent gate"):
         ops.nalu_forward(x, W, W, None, None, rand_params((E, O), device=device), 1e-7, False, Gb)
     # the backward op: the bias's checks, and a part gradient of the wrong shape
-    y, a, m, g, lx = ops.nalu_forward(x, W, W, None, None, G, 1e-7, True, Gb)
+    y, a, m, g, lx, _r = ops.nalu_forward(x, W, W, None, None, G, 1e-7, True, Gb)
     with pytest.raises(RuntimeError, match=r"nalu_cuda::nalu_backward: argument 'G_bias' must have shape"):
         ops.nalu_backward(y, x, W, W, None, None, G, a, m, g, lx, 1e-7, True, True, Gb[0])
     with pytest.raises(RuntimeError, match=r"nalu_cuda::nalu_backward: argument 'grad_g'"):

@@ -15,6 +15,7 @@ from nalu_cuda import compat, functional, reference
 from nalu_cuda.testing import rand_input, rand_params, tolerances
 
 from .conftest import DEVICES
+from .test_nalu_parts import CASES as PARTS_CASES, _args as parts_args
 
 ops = torch.ops.nalu_cuda
 
@@ -150,3 +151,188 @@ def test_cpu_kernel_dtypes_are_named():
 def test_reference_refuses_per_member_without_members():
     with pytest.raises(ValueError, match=r"reference.nalu_gate_regularizer: argument 'g' must have a leading member"):
         reference.nalu_gate_regularizer(torch.tensor(0.5), per_member=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# The regulariser from the NALU's own op: nalu_parts(..., gate_regularizer=True) -> (y, a, m, g, r),
+# nalu_forward's r and nalu_backward's grad_gate_regularizer: one op and one autograd node.
+# ------------------------------------------------------------------------------------------------
+
+NALU_CASES = {name: PARTS_CASES[name] for name in ("tied_input", "sep_input_bias", "tied_independent")}
+
+
+def nalu_args(case, E=None, dtype=torch.float64, device="cpu"):
+    """test_nalu_parts' arguments: the positional ones of nalu_parts (with eps and the gate), and G_bias."""
+    x, W_hat, M_hat, G, W_hat_m, M_hat_m, G_bias = parts_args(NALU_CASES[case], E is not None, dtype, device)
+    return (x, W_hat, M_hat, G, W_hat_m, M_hat_m, 1e-7, NALU_CASES[case]["gate"]), G_bias
+
+
+def leaves_of(args, G_bias):
+    return [t for t in args[:6] + (G_bias,) if isinstance(t, torch.Tensor)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("E", [None, 2])
+@pytest.mark.parametrize("case", list(NALU_CASES))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_nalu_parts_regulariser_matches_the_two_ops_and_the_reference(dtype, case, E, device):
+    args, G_bias = nalu_args(case, E, dtype, device)
+    leaves = leaves_of(args, G_bias)
+    y, a, m, g, r = functional.nalu_parts(*args, G_bias=G_bias, gate_regularizer=True)
+    assert r.shape == () and r.dtype == dtype and r.grad_fn is g.grad_fn  # one node for all of them
+    # the same values as nalu_parts and nalu_gate_regularizer, to the bit (the same kernels)
+    y2, a2, m2, g2 = functional.nalu_parts(*args, G_bias=G_bias)
+    for u, v in zip((y, a, m, g), (y2, a2, m2, g2)):
+        assert torch.equal(u, v)
+    assert torch.equal(r, functional.nalu_gate_regularizer(g2))
+    # a loss on y and on the regulariser: the gradients of the two-op graph, to the bit
+    w = 0.7
+    got = torch.autograd.grad(y.sum() + w * r, leaves)
+    want = torch.autograd.grad(y2.sum() + w * functional.nalu_gate_regularizer(g2), leaves)
+    for u, v in zip(got, want):
+        assert torch.equal(u, v)
+    # and against the reference, with a loss on every part too
+    ref = reference.nalu_parts(*[t.detach().double().cpu().requires_grad_() if isinstance(t, torch.Tensor) else t
+                                 for t in args],
+                               G_bias=None if G_bias is None else G_bias.detach().double().cpu().requires_grad_(),
+                               gate_regularizer=True)
+    assert len(ref) == 5
+    rtol, atol = tolerances(dtype, fan_in=5)
+    for u, v in zip((y, a, m, g, r), ref):
+        torch.testing.assert_close(u.detach().cpu().double(), v.detach(), rtol=rtol, atol=atol)
+
+    def loss(y, a, m, g, r):
+        return (y * y).sum() + 0.3 * (g * (1 - g)).sum() + a.sin().sum() + 0.1 * (m * m).sum() + w * r
+
+    args64 = [t.detach().double().cpu().requires_grad_() if isinstance(t, torch.Tensor) else t for t in args]
+    b64 = None if G_bias is None else G_bias.detach().double().cpu().requires_grad_()
+    want = torch.autograd.grad(loss(*reference.nalu_parts(*args64, G_bias=b64, gate_regularizer=True)),
+                               leaves_of(tuple(args64), b64))
+    got = torch.autograd.grad(loss(*functional.nalu_parts(*args, G_bias=G_bias, gate_regularizer=True)), leaves)
+    rtol, atol = tolerances(dtype, fan_in=5, grad=True)
+    for u, v in zip(got, want):
+        torch.testing.assert_close(u.cpu().double(), v, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("E", [None, 2])
+@pytest.mark.parametrize("case", list(NALU_CASES))
+def test_nalu_parts_regulariser_gradcheck_and_gradgradcheck(case, E):
+    args, G_bias = nalu_args(case, E)
+    leaves = leaves_of(args, G_bias)
+    c = NALU_CASES[case]
+
+    def fn(*ts):
+        it = iter(ts)
+        x, W_hat, M_hat, G = next(it), next(it), next(it), next(it)
+        W_hat_m, M_hat_m = (next(it), next(it)) if c["sep"] else (None, None)
+        b = next(it) if c["bias"] else None
+        return functional.nalu_parts(x, W_hat, M_hat, G, W_hat_m, M_hat_m, 1e-7, c["gate"], G_bias=b,
+                                     gate_regularizer=True)
+
+    assert torch.autograd.gradcheck(fn, leaves)
+    assert torch.autograd.gradcheck(lambda *ts: fn(*ts)[4], leaves)  # the regulariser alone
+    assert torch.autograd.gradgradcheck(fn, leaves)
+
+
+@pytest.mark.parametrize("case", list(NALU_CASES))
+def test_backward_op_folds_the_regulariser_gradient_into_grad_g(case):
+    """nalu_backward(..., grad_gate_regularizer=gr) is nalu_backward with grad_g =
+    nalu_gate_regularizer_backward(gr, g) (plus a given grad_g), to the bit; nalu_forward's r is
+    nalu_gate_regularizer(g), and a (0,)-shaped tensor when not asked for."""
+    args, G_bias = nalu_args(case, 2)
+    x, W, M, G, Wm, Mm = (None if t is None else t.detach() for t in args[:6])
+    Gb = None if G_bias is None else G_bias.detach()
+    ig = NALU_CASES[case]["gate"] == "input"
+    y, a, m, g, lx, r = ops.nalu_forward(x, W, M, Wm, Mm, G, 1e-7, ig, Gb, True)
+    assert torch.equal(r, ops.nalu_gate_regularizer(g))
+    assert ops.nalu_forward(x, W, M, Wm, Mm, G, 1e-7, ig, Gb)[5].shape == (0,)
+    gy, gg = torch.randn_like(y), torch.randn_like(g)
+    gr = torch.tensor(1.7, dtype=x.dtype)
+    d = ops.nalu_gate_regularizer_backward(gr, g)
+    got = ops.nalu_backward(gy, x, W, M, Wm, Mm, G, a, m, g, lx, 1e-7, ig, True, Gb, None, None, None, gr)
+    want = ops.nalu_backward(gy, x, W, M, Wm, Mm, G, a, m, g, lx, 1e-7, ig, True, Gb, None, None, d)
+    for u, v in zip(got, want):
+        assert torch.equal(u, v)
+    got = ops.nalu_backward(gy, x, W, M, Wm, Mm, G, a, m, g, lx, 1e-7, ig, True, Gb, None, None, gg, gr)
+    want = ops.nalu_backward(gy, x, W, M, Wm, Mm, G, a, m, g, lx, 1e-7, ig, True, Gb, None, None, gg + d)
+    for u, v in zip(got, want):
+        assert torch.equal(u, v)
+
+
+def test_opcheck_nalu_ops_with_the_regulariser():
+    args, G_bias = nalu_args("sep_input_bias", None, torch.float32)
+    x, W, M, G, Wm, Mm = args[:6]
+    torch.library.opcheck(ops.nalu_forward, (x, W, M, Wm, Mm, G, 1e-7, True, G_bias, True))
+    d = [t.detach() for t in (x, W, M, G, Wm, Mm, G_bias)]
+    y, a, m, g, lx, r = ops.nalu_forward(d[0], d[1], d[2], d[4], d[5], d[3], 1e-7, True, d[6], True)
+    torch.library.opcheck(ops.nalu_backward, (torch.randn_like(y), d[0], d[1], d[2], d[4], d[5], d[3], a, m, g, lx,
+                                              1e-7, True, True, d[6], None, None, None, torch.tensor(0.5)))
+
+
+def test_compiles_fullgraph_with_the_regulariser():
+    args, G_bias = nalu_args("sep_input_bias")
+    leaves = leaves_of(args, G_bias)
+
+    def loss(x):
+        y, a, m, g, r = functional.nalu_parts(x, *args[1:], G_bias=G_bias, gate_regularizer=True)
+        return (y * y).sum() + r
+
+    want = loss(args[0])
+    want_grads = torch.autograd.grad(want, leaves)
+    got = torch.compile(loss, fullgraph=True, backend="aot_eager")(args[0])
+    got_grads = torch.autograd.grad(got, leaves)
+    torch.testing.assert_close(got, want)
+    for u, v in zip(got_grads, want_grads):
+        torch.testing.assert_close(u, v)
+
+
+@pytest.mark.parametrize("fake", [False, True], ids=["op", "fake"])
+def test_backward_op_checks_the_regulariser_gradient(fake):
+    args, G_bias = nalu_args("tied_input", None, torch.float32)
+    x, W, M, G = (t.detach() for t in args[:4])
+    y, a, m, g, lx, _r = ops.nalu_forward(x, W, M, None, None, G, 1e-7, True)
+    mode = torch._subclasses.fake_tensor.FakeTensorMode() if fake else None
+
+    def call(gr):
+        ts = (y, x, W, M, G, a, m, g, lx, gr)
+        if mode is not None:
+            with mode:
+                ts = [mode.from_tensor(t) for t in ts]
+                return ops.nalu_backward(ts[0], ts[1], ts[2], ts[3], None, None, ts[4], ts[5], ts[6], ts[7], ts[8],
+                                         1e-7, True, True, None, None, None, None, ts[9])
+        return ops.nalu_backward(y, x, W, M, None, None, G, a, m, g, lx, 1e-7, True, True, None, None, None, None, gr)
+
+    with pytest.raises(Exception, match=r"nalu_backward: argument 'grad_gate_regularizer' must have the "
+                                        r"regulariser's shape \[\], got \[1\]"):
+        call(torch.ones(1))
+    with pytest.raises(Exception, match=r"nalu_backward: argument 'grad_gate_regularizer' must have the dtype"):
+        call(torch.ones((), dtype=torch.float64))
+
+
+def test_stable_nalu_regualizer_is_the_forwards_output():
+    """StableNALULayer(nalu_gate='regualized') on the fused backend: regualizer()['g'] is the regulariser
+    its forward's one op returned (the same node as the parts), equal to the separate op's value with
+    the same gradients; before any forward 0; for parts it did not compute (set by other code), the
+    separate op; after a weight change, still the last forward's (their stored gate's)."""
+    torch.manual_seed(0)
+    layer = compat.StableNALULayer(10, 3, nalu_gate="regualized", nalu_bias=True, nalu_two_nac=True).double()
+    layer.reset_parameters()
+    assert float(layer.regualizer()["g"]) == 0.0
+    x = rand_input((16, 10))
+    y = layer(x)
+    r = layer.regualizer()["g"]
+    g = layer.parts.g
+    assert r.grad_fn is g.grad_fn is y.grad_fn
+    assert torch.equal(r, functional.nalu_gate_regularizer(g))
+    params = list(layer.parameters())
+    got = torch.autograd.grad(y.sum() + r, params, retain_graph=True)
+    want = torch.autograd.grad(y.sum() + functional.nalu_gate_regularizer(g), params, retain_graph=True)
+    for u, v in zip(got, want):
+        assert torch.equal(u, v)
+    with torch.no_grad():  # their regualizer() reads the stored gate, not the weights
+        layer.G.add_(0.5)
+    assert layer.regualizer()["g"] is r
+    other = layer.parts._replace(g=torch.sigmoid(torch.randn(16, 3, dtype=torch.float64)))
+    object.__setattr__(layer, "parts", other)
+    torch.testing.assert_close(layer.regualizer()["g"], torch.sum(other.g ** 2 * (1 - other.g) ** 2),
+                               rtol=1e-12, atol=1e-14)

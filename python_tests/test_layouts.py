@@ -159,7 +159,7 @@ def test_backward_op_saved_tensor_layouts(gate, layout, O, device):
     x = rand_input((E, N, I), device=device)
     W, M, Wm, Mm = (rand_params((E, I, O), device=device) for _ in range(4))
     G = rand_params((E, I, O) if gate == "input" else (E, O), device=device)
-    y, a, m, g, lx = ops.nalu_forward(x, W, M, Wm, Mm, G, 1e-7, gate == "input")
+    y, a, m, g, lx, _r = ops.nalu_forward(x, W, M, Wm, Mm, G, 1e-7, gate == "input")
     gy = torch.randn_like(y)
     want = ops.nalu_backward(gy, x, W, M, Wm, Mm, G, a, m, g, lx, 1e-7, gate == "input", True)
     saved = {"gy": gy, "a": a, "m": m, "g": g, "lx": lx}

@@ -212,14 +212,14 @@ def _op_samples(device):
             for gate_arg, input_gate in [(G, True), (g_ind, False)]:
                 args = (x, W, M, wm, mm, gate_arg, 1e-7, input_gate)
                 samples.append((ops.nalu_forward.default, args))
-                y, a, m, g, lx = ops.nalu_forward(*args)
+                y, a, m, g, lx, _r = ops.nalu_forward(*args)
                 samples.append(
                     (ops.nalu_backward.default, (gy, x, W, M, wm, mm, gate_arg, a, m, g, lx, 1e-7, input_gate, True))
                 )
         # the input gate's bias, and gradients reaching the kept parts (every one, or only grad_g)
         args = (x, W, M, Wm, Mm, G, 1e-7, True, g_ind)
         samples.append((ops.nalu_forward.default, args))
-        y, a, m, g, lx = ops.nalu_forward(*args)
+        y, a, m, g, lx, _r = ops.nalu_forward(*args)
         for parts in [(torch.randn_like(a), torch.randn_like(m), torch.randn_like(g)), (None, None, torch.randn_like(g))]:
             samples.append((ops.nalu_backward.default,
                             (gy, x, W, M, Wm, Mm, G, a, m, g, lx, 1e-7, True, True, g_ind) + parts))
@@ -267,7 +267,7 @@ def test_opcheck(device):
 def test_backward_ops_skip_what_is_not_asked(device):
     x = rand_input((6, 4), device=device)
     W, M, G = (rand_params((4, 2), device=device) for _ in range(3))
-    y, a, m, g, lx = ops.nalu_forward(x, W, M, None, None, G, 1e-7, True)
+    y, a, m, g, lx, _r = ops.nalu_forward(x, W, M, None, None, G, 1e-7, True)
     gx, gw, gm, gwm, gmm, gG, gGb = ops.nalu_backward(torch.ones_like(y), x, W, M, None, None, G, a, m, g, lx, 1e-7,
                                                       True, False)
     assert gx.shape == (0,) and gwm.shape == (0,) and gmm.shape == (0,) and gGb.shape == (0,)

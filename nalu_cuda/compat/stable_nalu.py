@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from ..modules import NAC, NALU, NAU, NMU
-from ..functional import nalu_gate_regularizer
+from ..functional import NaluParts, nalu_gate_regularizer, nalu_parts
 from ..reference import DEFAULT_EPS, nalu_gate_regularizer as reference_gate_regularizer
 from .common import (StateDict, _UNIT_KEYS, _fail, _need, _ours, _ours_out, _prefix_hint, _state_dict, _t, _take,
                      _theirs_out, _unexpected)
@@ -328,8 +328,28 @@ class StableNALULayer(_StableUnit, NALU):
             out.append((self._nac_writers[1], [("W_hat", self.W_hat_m), ("M_hat", self.M_hat_m)]))
         return out
 
+    def _regualized_forward(self, x: Tensor):
+        """``NALU.forward`` with ``keep_parts`` on the fused backend, whose one op (and autograd node) also
+        returns their gate regulariser ``sum(g^2 (1 - g)^2)`` of this call's gate, kept with the parts
+        for ``regualizer()``; None where the fused ops do not run (the reference backend, a device or
+        dtype without kernels), for ``NALU.forward``."""
+        if not self.keep_parts:
+            return None
+        self._check_input(x)
+        if not self.use_fused(x):
+            return None
+        y, a, m, g, r = nalu_parts(x, self.W_hat, self.M_hat, self.G, self.W_hat_m, self.M_hat_m, self.eps, self.gate,
+                                   G_bias=self.G_bias, gate_regularizer=True)
+        parts = NaluParts(a, m, g)
+        # plain attributes, set without nn.Module.__setattr__'s registry checks (as NALU.forward's parts)
+        object.__setattr__(self, "parts", parts)
+        object.__setattr__(self, "_parts_regualizer", (parts, r))
+        return y
+
     def forward(self, x: Tensor) -> Tensor:
-        y = super().forward(x)
+        y = self._regualized_forward(x) if self.nalu_gate == "regualized" else None
+        if y is None:
+            y = super().forward(x)
         if self._z_on():
             log_x = torch.log(torch.abs(x) + self.eps)
             if self.tied:  # their one NAC sees x, then log(|x| + eps) (nac_mul reuses nac_add)
@@ -349,14 +369,32 @@ class StableNALULayer(_StableUnit, NALU):
             w.add_histogram("mul", parts.m.detach())
         return y
 
+    def _gate_regualizer(self) -> Tensor:
+        """Their ``regualizer()['g']``: ``sum(g^2 (1 - g)^2)`` of the last call's gate."""
+        parts = self.parts
+        if parts is None:  # their stored gate before any forward: tensor([0])
+            return torch.zeros((), dtype=self.G.dtype, device=self.G.device)
+        kept = self.__dict__.get("_parts_regualizer")
+        if kept is not None and kept[0] is parts:  # from the last forward's fused op, in its graph
+            return kept[1]
+        g = parts.g  # one fused op on the fused backend
+        return (nalu_gate_regularizer if self.use_fused(g) else reference_gate_regularizer)(g)
+
+    def regualizer(self, merge_in: Optional[dict] = None) -> dict:
+        if merge_in or self._logging() or getattr(self, "regualizer_z", 0) != 0:
+            return super().regualizer(merge_in)
+        # the common case (nothing to merge in or log, their default regualizer_z 0): what the general
+        # path returns, their own 'g' (nalu_gate='regualized') and their NACs' 'z' summed (0 + 0)
+        out = defaultdict(int)
+        if self.nalu_gate == "regualized":
+            out["g"] = self._gate_regualizer()
+        out["z"] = 0
+        return out
+
     def _own_regualizers(self) -> list:
         own = {}
         if self.nalu_gate == "regualized":
-            if self.parts is None:  # their stored gate before any forward: tensor([0])
-                own["g"] = torch.zeros((), dtype=self.G.dtype, device=self.G.device)
-            else:
-                g = self.parts.g  # theirs: sum(g^2 (1 - g)^2), here one fused op on the fused backend
-                own["g"] = (nalu_gate_regularizer if self.use_fused(g) else reference_gate_regularizer)(g)
+            own["g"] = self._gate_regualizer()
         out = [(self.writer, own)]
         nac_writers = self._nac_writers or [None] * len(self._z_inputs)
         for path, writer in enumerate(nac_writers):

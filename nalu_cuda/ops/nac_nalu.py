@@ -99,8 +99,11 @@ def reference_nalu_parts(
     eps: float = DEFAULT_EPS,
     gate: str = "input",
     G_bias: Optional[Tensor] = None,
+    gate_regularizer: bool = False,
 ):
-    """:func:`reference_nalu` returning ``(y, a, m, g)``: the output and its :class:`NaluParts`."""
+    """:func:`reference_nalu` returning ``(y, a, m, g)``: the output and its :class:`NaluParts`; with
+    ``gate_regularizer``, ``(y, a, m, g, r)``, ``r`` the gate regulariser of ``g``
+    (:func:`reference_nalu_gate_regularizer`: ``sum(g^2 (1 - g)^2)`` over all of ``g``)."""
     _check_gate("reference.nalu", gate, G_bias, W_hat)
     if (W_hat_m is None) != (M_hat_m is None):
         raise ValueError("nalu_cuda.reference.nalu: give both 'W_hat_m' and 'M_hat_m' (separate weights) or neither")
@@ -120,7 +123,10 @@ def reference_nalu_parts(
         g_b = g
         if W_hat.dim() == 3:  # (E, O) -> (E, 1, ..., 1, O) against y of shape (E, ..., O)
             g_b = g.reshape(g.shape[0], *([1] * (x.dim() - 2)), g.shape[-1])
-    return g_b * a + (1 - g_b) * m, a, m, g
+    y = g_b * a + (1 - g_b) * m
+    if gate_regularizer:
+        return y, a, m, g, reference_nalu_gate_regularizer(g)
+    return y, a, m, g
 
 
 def reference_nalu_gate_regularizer(g: Tensor, per_member: bool = False) -> Tensor:
@@ -246,10 +252,11 @@ def _register_fakes() -> None:
         return _grad_or_empty(compute_grad_x, x, x), _like(W_hat), _like(M_hat)
 
     @reg("nalu_cuda::nalu_forward")
-    def _(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, G_bias=None):
+    def _(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, input_gate, G_bias=None, gate_regularizer=False):
         shape = _nalu_out_shape("nalu_forward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps, G_bias)
         g = x.new_empty(shape) if input_gate else _like(G)
-        return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape), g, _like(x)
+        r = x.new_empty(() if gate_regularizer else (0,))
+        return x.new_empty(shape), x.new_empty(shape), x.new_empty(shape), g, _like(x), r
 
     @reg("nalu_cuda::nalu_gate_regularizer")
     def _(g, per_member=False):
@@ -266,8 +273,15 @@ def _register_fakes() -> None:
 
     @reg("nalu_cuda::nalu_backward")
     def _(grad_y, x, W_hat, M_hat, W_hat_m, M_hat_m, G, a, m, g, lx, eps, input_gate, compute_grad_x, G_bias=None,
-          grad_a=None, grad_m=None, grad_g=None):
-        _nalu_out_shape("nalu_backward", x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps, G_bias)
+          grad_a=None, grad_m=None, grad_g=None, grad_gate_regularizer=None):
+        op = "nalu_backward"
+        if grad_gate_regularizer is not None:
+            if grad_gate_regularizer.dim() != 0:
+                _fail(op, f"argument 'grad_gate_regularizer' must have the regulariser's shape [], got "
+                          f"{list(grad_gate_regularizer.shape)}")
+            _check_match(op, "grad_gate_regularizer", grad_gate_regularizer, "x", x)
+            _check_match(op, "g", g, "x", x)
+        _nalu_out_shape(op, x, W_hat, M_hat, W_hat_m, M_hat_m, G, input_gate, eps, G_bias)
         sep = W_hat_m is not None
         return (
             _grad_or_empty(compute_grad_x, x, x),
@@ -355,8 +369,8 @@ def nalu(
     fast = _fast(x)
     if fast is not None:
         return fast.nalu(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input", G_bias)
-    y, _a, _m, _g, _lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input",
-                                                      G_bias)
+    y, _a, _m, _g, _lx, _r = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input",
+                                                          G_bias)
     return y
 
 
@@ -370,20 +384,28 @@ def nalu_parts(
     eps: float = DEFAULT_EPS,
     gate: str = "input",
     G_bias: Optional[Tensor] = None,
+    gate_regularizer: bool = False,
 ):
     """:func:`nalu` returning ``(y, a, m, g)`` from the one fused forward, all four differentiable
     (see :func:`nalu_cuda.reference.nalu_parts`; ``g`` has ``G``'s shape for an independent gate).
 
     The same op as :func:`nalu`, whose ``a``, ``m``, ``g`` are differentiable outputs: their gradients
     (a gate regulariser, a loss on a path) go to the fused backward with ``dL/dy`` (its ``grad_a``,
-    ``grad_m``, ``grad_g``), so keeping the parts costs what :func:`nalu` does."""
+    ``grad_m``, ``grad_g``), so keeping the parts costs what :func:`nalu` does.
+
+    ``gate_regularizer=True`` returns ``(y, a, m, g, r)``, ``r`` the gate regulariser
+    ``sum(g^2 (1 - g)^2)`` of ``g`` (:func:`nalu_gate_regularizer`'s value) from the same op and
+    autograd node: its gradient goes to the fused backward too (its ``grad_gate_regularizer``)."""
     if G_bias is not None or gate not in GATES:
         _check_gate("functional.nalu_parts", gate, G_bias, W_hat)
     fast = _fast(x)
     if fast is not None:
+        if gate_regularizer:
+            return fast.nalu_parts_regularized(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input", G_bias)
         return fast.nalu_parts(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input", G_bias)
-    y, a, m, g, _lx = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input", G_bias)
-    return y, a, m, g
+    y, a, m, g, _lx, r = _ops_or_raise().nalu_forward(x, W_hat, M_hat, W_hat_m, M_hat_m, G, eps, gate == "input",
+                                                      G_bias, bool(gate_regularizer))
+    return (y, a, m, g, r) if gate_regularizer else (y, a, m, g)
 
 
 def nalu_gate_regularizer(g: Tensor, per_member: bool = False) -> Tensor:

@@ -10,6 +10,7 @@
 // (it could be linked into the baseline path and break processors without AVX2).
 #pragma once
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/baddbmm.h>
@@ -32,6 +33,14 @@
 
 namespace nalu_cuda {
 namespace cpu {
+
+// An uninitialised CPU tensor of `sizes` with `opts` (a CPU tensor's options), for results the
+// kernels write whole: at::detail::empty_cpu, what at::empty reaches on the CPU, without at::empty's
+// round trip through the dispatcher, which costs several thousand instructions a call (a NALU
+// call allocates about ten tensors: at the paper's sizes, more than a third of its kernels' work).
+inline at::Tensor new_cpu_tensor(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  return at::Tensor(at::detail::empty_cpu(sizes, opts));
+}
 
 // DECL(base), and DECL(avx2) where the avx2 kernels are built: a family's kernel header declares
 // its kernels once per instruction set with it.

@@ -4,7 +4,8 @@
 // *_backward op through the dispatcher (so it runs on the inputs' device, and torch.compile
 // traces it through the ops' fakes). Saved: the inputs and the forward's extra results
 // (lx = log(|x| + eps); a, m, g for NALU); lx is marked non-differentiable, NALU's a, m, g are
-// not (their gradients go to nalu_backward as grad_a, grad_m, grad_g: nalu_parts).
+// not (their gradients go to nalu_backward as grad_a, grad_m, grad_g: nalu_parts), nor is its gate
+// regulariser r when the forward computed it (its gradient goes as grad_gate_regularizer).
 // Written in C++ rather than with torch.library.register_autograd because at the paper's layer
 // sizes the Python wrapper costs more than the whole fused forward.
 //
@@ -28,7 +29,7 @@ Tensor or_undefined(const OptTensor& t) { return t.has_value() ? *t : Tensor(); 
 // compute_grad_x). A new scalar argument is one more type here and one more parameter of the op's
 // *_autograd entry at the end of this file.
 using NacMulScalars = std::tuple<double>;      // eps
-using NaluScalars = std::tuple<double, bool>;  // eps, input_gate
+using NaluScalars = std::tuple<double, bool>;  // eps, input_gate (gate_regularizer: an argument of its own)
 
 // The typed signature Ret(Before..., the scalars of Scalars..., After...) of an op.
 template <typename Ret, typename Scalars, typename... Before>
@@ -129,14 +130,15 @@ Tensor batch_sum(const Tensor& d, const Tensor& x, bool ensemble, int64_t O) {
 // y = g a + (1 - g) m (docs/units.md), z = x G + G_bias: da = g dy, du = (1 - g) dy m,
 // dz = (a - m) dy g (1 - g), and the gradients reaching the parts directly (nalu_parts; undefined:
 // none): da += ga, du += gm m, dz += gg g (1 - g) (an independent gate's gg, G's shape, adds
-// gg g (1 - g) to dG instead). dW = x^T da (+ lx^T du when tied), dW_m = lx^T du, dG = x^T dz
+// gg g (1 - g) to dG instead), where gg also has the gate regulariser's gr 2 g (1 - g) (1 - 2 g). dW = x^T da (+ lx^T du when tied), dW_m = lx^T du, dG = x^T dz
 // (input gate) or the batch sum of dz, dG_bias = the batch sum of dz; dx = da W^T + dz G^T (input
 // gate) + (du W_m^T) s(x). Returns (dx, dW_hat, dM_hat, dW_hat_m, dM_hat_m, dG, dG_bias); dW_hat_m,
 // dM_hat_m undefined when tied, dG_bias without a bias.
 variable_list nalu_backward_composite(const Tensor& grad_y, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
                                       const OptTensor& W_hat_m, const OptTensor& M_hat_m, const Tensor& G,
                                       const OptTensor& G_bias, double eps, bool input_gate, bool need_x,
-                                      const Tensor& ga, const Tensor& gm, const Tensor& gg) {
+                                      const Tensor& ga, const Tensor& gm, const Tensor& gg_parts,
+                                      const Tensor& gr) {
   const bool separate = W_hat_m.has_value();
   const bool ensemble = W_hat.dim() == 3;
   const int64_t O = W_hat.size(-1);
@@ -152,6 +154,13 @@ variable_list nalu_backward_composite(const Tensor& grad_y, const Tensor& x, con
     g = at::sigmoid(z);
   } else {
     g = per_member(at::sigmoid(G), x, ensemble);
+  }
+  Tensor gg = gg_parts;
+  if (gr.defined()) {  // the regulariser's gradient at g (G's shape for an independent gate)
+    const Tensor gate = input_gate ? g : at::sigmoid(G);
+    const Tensor h = gate - gate * gate;
+    const Tensor d = gr * 2 * h * (1 - 2 * gate);
+    gg = gg.defined() ? gg + d : d;
   }
   Tensor da = g * grad_y;
   if (ga.defined()) da = da + ga;
@@ -256,35 +265,43 @@ class NacMulFunction : public torch::autograd::Function<NacMulFunction> {
 };
 
 // a, m and g are differentiable outputs (nalu_parts: a gate regulariser, a loss on a path): their
-// gradients go to the backward op as grad_a, grad_m, grad_g; lx is not.
+// gradients go to the backward op as grad_a, grad_m, grad_g; lx is not; r (the gate regulariser,
+// when gate_regularizer) is, its gradient going as grad_gate_regularizer.
 class NaluFunction : public torch::autograd::Function<NaluFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
                                const OptTensor& W_hat_m, const OptTensor& M_hat_m, const Tensor& G,
-                               const NaluScalars& scalars, const OptTensor& G_bias) {
-    static auto op = find_op<WithScalars<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>, NaluScalars, const Tensor&,
-                                         const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
-                                         const Tensor&>::sig<const OptTensor&>>("nalu_cuda::nalu_forward");
+                               const NaluScalars& scalars, const OptTensor& G_bias, bool gate_regularizer) {
+    static auto op = find_op<WithScalars<std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>, NaluScalars,
+                                         const Tensor&, const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
+                                         const Tensor&>::sig<const OptTensor&, bool>>("nalu_cuda::nalu_forward");
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [y, a, m, g, lx] = std::apply(
-        [&](auto... sc) { return op.call(x, W_hat, M_hat, W_hat_m, M_hat_m, G, sc..., G_bias); }, scalars);
+    auto [y, a, m, g, lx, r] = std::apply(
+        [&](auto... sc) { return op.call(x, W_hat, M_hat, W_hat_m, M_hat_m, G, sc..., G_bias, gate_regularizer); },
+        scalars);
     ctx->save_for_backward(
         {x, W_hat, M_hat, or_undefined(W_hat_m), or_undefined(M_hat_m), G, a, m, g, lx, or_undefined(G_bias)});
     ctx->saved_data["scalars"] = scalars;
     ctx->saved_data["separate"] = W_hat_m.has_value();
     ctx->saved_data["bias"] = G_bias.has_value();
-    ctx->mark_non_differentiable({lx});
+    if (gate_regularizer) {
+      ctx->mark_non_differentiable({lx});
+    } else {
+      ctx->mark_non_differentiable({lx, r});  // r: a (0,)-shaped placeholder
+    }
     ctx->set_materialize_grads(false);  // undefined, not zero-filled, gradients for the outputs without one
-    return {y, a, m, g, lx};
+    return {y, a, m, g, lx, r};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     static auto op = find_op<WithScalars<
         std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>, NaluScalars, const Tensor&, const Tensor&,
         const Tensor&, const Tensor&, const OptTensor&, const OptTensor&, const Tensor&, const Tensor&, const Tensor&,
         const Tensor&, const Tensor&>::sig<bool, const OptTensor&, const OptTensor&, const OptTensor&,
-                                           const OptTensor&>>("nalu_cuda::nalu_backward");
-    const Tensor &ga = grads[1], &gm = grads[2], &gg = grads[3];
-    if (!grads[0].defined() && !ga.defined() && !gm.defined() && !gg.defined()) return variable_list(8);
+                                           const OptTensor&, const OptTensor&>>("nalu_cuda::nalu_backward");
+    const Tensor &ga = grads[1], &gm = grads[2], &gg = grads[3], &gr = grads[5];
+    if (!grads[0].defined() && !ga.defined() && !gm.defined() && !gg.defined() && !gr.defined()) {
+      return variable_list(9);
+    }
     auto s = ctx->get_saved_variables();
     const Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(s[6]);  // a loss on the parts only
     const bool separate = ctx->saved_data["separate"].toBool();
@@ -296,18 +313,18 @@ class NaluFunction : public torch::autograd::Function<NaluFunction> {
     if (at::GradMode::is_enabled()) {
       const auto [eps, input_gate] = scalars;
       auto r = nalu_backward_composite(dy, s[0], s[1], s[2], W_hat_m, M_hat_m, s[5], G_bias, eps, input_gate, need_x,
-                                       ga, gm, gg);
-      return {r[0], r[1], r[2], r[3], r[4], r[5], Tensor(), r[6]};
+                                       ga, gm, gg, gr);
+      return {r[0], r[1], r[2], r[3], r[4], r[5], Tensor(), r[6], Tensor()};
     }
     auto opt = [](const Tensor& t) { return t.defined() ? OptTensor(t) : c10::nullopt; };
     auto [gx, gw, gm_hat, gwm, gmm, gG, gGb] = std::apply(
         [&](auto... sc) {
           return op.call(dy, s[0], s[1], s[2], W_hat_m, M_hat_m, s[5], s[6], s[7], s[8], s[9], sc..., need_x, G_bias,
-                         opt(ga), opt(gm), opt(gg));
+                         opt(ga), opt(gm), opt(gg), opt(gr));
         },
         scalars);
     return {need_x ? gx : Tensor(), gw, gm_hat, separate ? gwm : Tensor(), separate ? gmm : Tensor(), gG, Tensor(),
-            G_bias.has_value() ? gGb : Tensor()};
+            G_bias.has_value() ? gGb : Tensor(), Tensor()};
   }
 };
 
@@ -352,13 +369,12 @@ std::tuple<Tensor, Tensor> nac_mul_forward_autograd(const Tensor& x, const Tenso
   return {r[0], r[1]};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> nalu_forward_autograd(const Tensor& x, const Tensor& W_hat,
-                                                                         const Tensor& M_hat, const OptTensor& W_hat_m,
-                                                                         const OptTensor& M_hat_m, const Tensor& G,
-                                                                         double eps, bool input_gate,
-                                                                         const OptTensor& G_bias) {
-  auto r = NaluFunction::apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, NaluScalars{eps, input_gate}, G_bias);
-  return {r[0], r[1], r[2], r[3], r[4]};
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> nalu_forward_autograd(
+    const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m, const OptTensor& M_hat_m,
+    const Tensor& G, double eps, bool input_gate, const OptTensor& G_bias, bool gate_regularizer) {
+  auto r = NaluFunction::apply(x, W_hat, M_hat, W_hat_m, M_hat_m, G, NaluScalars{eps, input_gate}, G_bias,
+                               gate_regularizer);
+  return {r[0], r[1], r[2], r[3], r[4], r[5]};
 }
 
 }  // namespace

@@ -100,6 +100,13 @@ void check_part_grads(const char* op, const PartGrads& pg, const at::Tensor& x, 
   if (pg.g.defined()) check_like(op, "grad_g", pg.g, g.sizes(), x);
 }
 
+void check_gate_regularizer_grad(const char* op, const at::Tensor& grad, const at::Tensor& x, const at::Tensor& g) {
+  TORCH_CHECK(grad.dim() == 0, op, ": argument 'grad_gate_regularizer' must have the regulariser's shape [], got ",
+              sizes_str(grad.sizes()));
+  check_matches(op, "grad_gate_regularizer", grad, "x", x);
+  check_matches(op, "g", g, "x", x);
+}
+
 std::vector<int64_t> check_gate_regularizer(const char* op, const at::Tensor& g, bool per_member,
                                             const at::Tensor& grad) {
   check_floating(op, "g", g);

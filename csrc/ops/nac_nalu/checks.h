@@ -83,6 +83,10 @@ void check_saved(const char* op, const LayerKind& kind, const LayerShape& s, con
 void check_part_grads(const char* op, const PartGrads& pg, const at::Tensor& x, const at::Tensor& a,
                       const at::Tensor& m, const at::Tensor& g);
 
+// Checks nalu_backward's grad_gate_regularizer (0-dim, the regulariser's shape) and that it and g
+// have x's dtype and device.
+void check_gate_regularizer_grad(const char* op, const at::Tensor& grad, const at::Tensor& x, const at::Tensor& g);
+
 // Checks the gate g of nalu_gate_regularizer (floating; with per_member, a leading member dimension)
 // and, for its backward, grad (the regulariser's shape, g's dtype and device); returns that shape:
 // [] or [E].

@@ -42,6 +42,7 @@ struct LayerOps {
   using Tensor2 = std::tuple<Tensor, Tensor>;
   using Tensor3 = std::tuple<Tensor, Tensor, Tensor>;
   using Tensor5 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor>;
+  using Tensor6 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
   using Tensor7 = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
   // ---------------------------------------------------------------------------------------------
@@ -90,29 +91,42 @@ struct LayerOps {
     return {g.grad_x, g.grad_W_hat, g.grad_M_hat};
   }
 
-  static Tensor5 nalu_forward(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m,
+  // gate_regularizer: also the gate regulariser sum(g^2 (1 - g)^2) of this call's g (the device's
+  // nalu_gate_regularizer kernel), else a (0,)-shaped tensor in its place.
+  static Tensor6 nalu_forward(const Tensor& x, const Tensor& W_hat, const Tensor& M_hat, const OptTensor& W_hat_m,
                               const OptTensor& M_hat_m, const Tensor& G, double eps, bool input_gate,
-                              const OptTensor& G_bias) {
+                              const OptTensor& G_bias, bool gate_regularizer) {
     const Forward f =
         forward("nalu_cuda::nalu_forward", {.kind = nalu_kind(W_hat_m, M_hat_m, input_gate, G_bias), .eps = eps}, x,
                 params(W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias));
-    return {f.y, f.a, f.m, f.g, f.lx};
+    Tensor r = gate_regularizer ? Dev::gate_regularizer(f.g, {}) : empty_grad(x);
+    return {f.y, f.a, f.m, f.g, f.lx, std::move(r)};
   }
 
   // grad_a, grad_m, grad_g: gradients reaching the kept parts directly. The kernels add them at
   // the pre-activations of each output element; an input-independent gate's g has G's shape, so
-  // its grad_g adds grad_g g (1 - g) to grad_G here.
+  // its grad_g adds grad_g g (1 - g) to grad_G here. grad_gate_regularizer (0-dim: the gradient of
+  // the forward's gate regulariser) joins grad_g as grad 2 g (1 - g) (1 - 2 g), by the device's
+  // nalu_gate_regularizer_backward kernel.
   static Tensor7 nalu_backward(const Tensor& grad_y, const Tensor& x, const Tensor& W_hat, const Tensor& M_hat,
                                const OptTensor& W_hat_m, const OptTensor& M_hat_m, const Tensor& G, const Tensor& a,
                                const Tensor& m, const Tensor& g, const Tensor& lx, double eps, bool input_gate,
                                bool compute_grad_x, const OptTensor& G_bias, const OptTensor& grad_a,
-                               const OptTensor& grad_m, const OptTensor& grad_g) {
+                               const OptTensor& grad_m, const OptTensor& grad_g,
+                               const OptTensor& grad_gate_regularizer) {
     const char* op = "nalu_cuda::nalu_backward";
     const Forward saved{Tensor(), a, m, g, lx};
     const LayerArgs args{.kind = nalu_kind(W_hat_m, M_hat_m, input_gate, G_bias), .eps = eps,
                          .compute_grad_x = compute_grad_x};
-    const PartGrads given{own(grad_a), own(grad_m), own(grad_g)};
+    PartGrads given{own(grad_a), own(grad_m), own(grad_g)};
     check_part_grads(op, given, x, a, m, g);
+    if (grad_gate_regularizer.has_value()) {
+      const Tensor& gr = *grad_gate_regularizer;
+      check_gate_regularizer_grad(op, gr, x, g);  // g's shape: checked with the saved values below
+      Dev::check_input(op, "x", x);
+      const Tensor d = Dev::gate_regularizer_backward(gr, g.contiguous());
+      given.g = given.g.defined() ? given.g.add(d) : d;
+    }
     const PartGrads parts{given.a, given.m, input_gate ? given.g : Tensor()};
     Backward r = backward(op, args, grad_y, x, params(W_hat, M_hat, W_hat_m, M_hat_m, G, G_bias), saved, parts);
     if (!input_gate && given.g.defined()) r.grad_G = r.grad_G.add(given.g.mul(g.sub(g.mul(g))));  // g (1 - g)

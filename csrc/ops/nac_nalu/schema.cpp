@@ -40,17 +40,22 @@ constexpr const char* kSchemas[] = {
   // NALU: y = g a + (1 - g) m with a = x W, m = exp(log(|x| + eps) W_m) and g = sigmoid(x G + G_bias)
   // (input_gate; G_bias of shape (O,) / (E, O), optional: stable-nalu's nalu_bias) or sigmoid(G)
   // (G of shape (O,) / (E, O)). W_m is W when W_hat_m and M_hat_m are None (the paper's tied
-  // weights). Returns (y, a, m, g, lx); g has the shape of y for an input gate and of G otherwise.
-  // Under autograd a, m and g are differentiable (nalu_parts: a loss on the gate or a path).
+  // weights). Returns (y, a, m, g, lx, r); g has the shape of y for an input gate and of G otherwise;
+  // r is the gate regulariser sum(g^2 (1 - g)^2) over all of g (nalu_gate_regularizer's) when
+  // gate_regularizer, else a tensor of shape (0,). Under autograd a, m, g and r are differentiable
+  // (nalu_parts: a loss on the gate or a path; r: stable-nalu's gate regulariser from the same call).
   "nalu_forward(Tensor x, Tensor W_hat, Tensor M_hat, Tensor? W_hat_m, Tensor? M_hat_m,"
-      " Tensor G, float eps, bool input_gate, Tensor? G_bias=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+      " Tensor G, float eps, bool input_gate, Tensor? G_bias=None, bool gate_regularizer=False)"
+      " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
   // -> (grad_x, grad_W_hat, grad_M_hat, grad_W_hat_m, grad_M_hat_m, grad_G, grad_G_bias). grad_a,
   // grad_m, grad_g: gradients that reach the forward's a, m, g directly (each of a's, m's, g's
-  // shape; None: none), added to those through y.
+  // shape; None: none), added to those through y. grad_gate_regularizer: the gradient (0-dim) that
+  // reaches the forward's r, whose gradient grad 2 g (1 - g) (1 - 2 g) is added to grad_g.
   "nalu_backward(Tensor grad_y, Tensor x, Tensor W_hat, Tensor M_hat, Tensor? W_hat_m,"
       " Tensor? M_hat_m, Tensor G, Tensor a, Tensor m, Tensor g, Tensor lx, float eps, bool input_gate,"
       " bool compute_grad_x, Tensor? G_bias=None, Tensor? grad_a=None, Tensor? grad_m=None,"
-      " Tensor? grad_g=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+      " Tensor? grad_g=None, Tensor? grad_gate_regularizer=None)"
+      " -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
 
   // The gate regulariser sum(g^2 (1 - g)^2) over every element of a gate g (stable-nalu's
   // nalu_gate='regualized': it pushes each gate value to 0 or 1): a 0-dim tensor, or with

@@ -71,8 +71,8 @@ const T* cptr_or_null(const at::Tensor& t) {
 template <typename T>
 void weight_backward_into(const T* dW, const at::Tensor& W_hat, const at::Tensor& M_hat, at::Tensor& gw,
                           at::Tensor& gm) {
-  gw = at::empty(W_hat.sizes(), W_hat.options());
-  gm = at::empty(W_hat.sizes(), W_hat.options());
+  gw = new_cpu_tensor(W_hat.sizes(), W_hat.options());
+  gm = new_cpu_tensor(W_hat.sizes(), W_hat.options());
   weight_backward_pass<T>(dW, W_hat.contiguous().const_data_ptr<T>(), M_hat.contiguous().const_data_ptr<T>(),
                           gw.data_ptr<T>(), gm.data_ptr<T>(), gw.numel());
 }
@@ -86,12 +86,12 @@ Forward layer_forward(const LayerArgs& args, const LayerShape& s, const at::Tens
   auto opts = x.options();
   // Outputs in the caller's shapes; kernels see them as contiguous (E, N, O) / (E, N, I).
   Forward f;
-  f.y = at::empty(s.out_sizes, opts);
-  if (kind.mul) f.lx = at::empty(x.sizes(), opts);
+  f.y = new_cpu_tensor(s.out_sizes, opts);
+  if (kind.mul) f.lx = new_cpu_tensor(x.sizes(), opts);
   if (nalu) {
-    f.a = at::empty(s.out_sizes, opts);
-    f.m = at::empty(s.out_sizes, opts);
-    if (kind.gate == Gate::kInput) f.g = at::empty(s.out_sizes, opts);
+    f.a = new_cpu_tensor(s.out_sizes, opts);
+    f.m = new_cpu_tensor(s.out_sizes, opts);
+    if (kind.gate == Gate::kInput) f.g = new_cpu_tensor(s.out_sizes, opts);
   }
   dispatch_float(x.scalar_type(), [&]<typename T>() {
     if (!rowwise_shape(s)) {
@@ -102,7 +102,7 @@ Forward layer_forward(const LayerArgs& args, const LayerShape& s, const at::Tens
     }
     const RowwiseWeights<T> w = rowwise_weights<T>(kind, s, p, xc.const_data_ptr<T>());
     if (kind.gate == Gate::kIndependent) {
-      f.g = at::empty(p.G.sizes(), opts);
+      f.g = new_cpu_tensor(p.G.sizes(), opts);
       std::copy(w.ptrs.gind, w.ptrs.gind + s.E * s.O, f.g.data_ptr<T>());
     }
     FwdOut<T*> out;
@@ -135,9 +135,9 @@ Backward layer_backward(const LayerArgs& args, const LayerShape& s, const at::Te
   const at::Tensor g = kind.gate != Gate::kNone ? saved.g.contiguous() : at::Tensor();
   const at::Tensor lx = kind.mul ? saved.lx.contiguous() : at::Tensor();
   Backward r;
-  if (args.compute_grad_x) r.grad_x = at::empty(x.sizes(), opts);
-  if (kind.gate != Gate::kNone) r.grad_G = at::empty(p.G.sizes(), opts);
-  if (p.G_bias.defined()) r.grad_G_bias = at::empty(p.G_bias.sizes(), opts);
+  if (args.compute_grad_x) r.grad_x = new_cpu_tensor(x.sizes(), opts);
+  if (kind.gate != Gate::kNone) r.grad_G = new_cpu_tensor(p.G.sizes(), opts);
+  if (p.G_bias.defined()) r.grad_G_bias = new_cpu_tensor(p.G_bias.sizes(), opts);
 
   dispatch_float(x.scalar_type(), [&]<typename T>() {
     SavedPtrs<const T*> sv;
@@ -181,7 +181,7 @@ Backward layer_backward(const LayerArgs& args, const LayerShape& s, const at::Te
 }
 
 at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat) {
-  at::Tensor out = at::empty(W_hat.sizes(), W_hat.options());
+  at::Tensor out = new_cpu_tensor(W_hat.sizes(), W_hat.options());
   dispatch_float(W_hat.scalar_type(), [&]<typename T>() {
     build_weight<T>(W_hat.contiguous().const_data_ptr<T>(), M_hat.contiguous().const_data_ptr<T>(),
                     out.data_ptr<T>(), out.numel());
@@ -191,8 +191,8 @@ at::Tensor weight(const at::Tensor& W_hat, const at::Tensor& M_hat) {
 
 std::tuple<at::Tensor, at::Tensor> weight_backward(const at::Tensor& grad_W, const at::Tensor& W_hat,
                                                    const at::Tensor& M_hat) {
-  at::Tensor gw = at::empty(W_hat.sizes(), W_hat.options());
-  at::Tensor gm = at::empty(W_hat.sizes(), W_hat.options());
+  at::Tensor gw = new_cpu_tensor(W_hat.sizes(), W_hat.options());
+  at::Tensor gm = new_cpu_tensor(W_hat.sizes(), W_hat.options());
   dispatch_float(W_hat.scalar_type(), [&]<typename T>() {
     weight_backward_pass<T>(grad_W.contiguous().const_data_ptr<T>(), W_hat.contiguous().const_data_ptr<T>(),
                             M_hat.contiguous().const_data_ptr<T>(), gw.data_ptr<T>(), gm.data_ptr<T>(), gw.numel());

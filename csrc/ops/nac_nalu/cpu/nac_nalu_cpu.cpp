@@ -69,7 +69,7 @@ struct Cpu {
     return NALU_CPU_CALL(weight_backward, grad_W, W_hat, M_hat);
   }
   static at::Tensor gate_regularizer(const at::Tensor& g, at::IntArrayRef out) {
-    at::Tensor r = at::empty(out, g.options());
+    at::Tensor r = new_cpu_tensor(out, g.options());
     const auto [members, n] = gate_layout(g, out);
     AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "nalu_gate_regularizer", [&] {
       gate_regularizer_kernel<scalar_t>(g.const_data_ptr<scalar_t>(), members, n, r.mutable_data_ptr<scalar_t>());
@@ -77,7 +77,7 @@ struct Cpu {
     return r;
   }
   static at::Tensor gate_regularizer_backward(const at::Tensor& grad, const at::Tensor& g) {
-    at::Tensor r = at::empty(g.sizes(), g.options());
+    at::Tensor r = new_cpu_tensor(g.sizes(), g.options());
     const auto [members, n] = gate_layout(g, grad.sizes());
     AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "nalu_gate_regularizer_backward", [&] {
       gate_regularizer_backward_kernel<scalar_t>(grad.const_data_ptr<scalar_t>(), g.const_data_ptr<scalar_t>(),
