@@ -49,8 +49,8 @@ def main() -> int:
             # each for one device: flat_adam_step_resident CUDA (FlatAdam uses tensor ops elsewhere),
             # the static and recurrent steps CPU (static_ensemble_*, recurrent_ensemble_*, the in-call
             # draws static_ensemble_step_drawn and recurrent_ensemble_step_drawn included; on CUDA the
-            # resident step)
-            keys = ["CPU"] if op.startswith(("static_ensemble_", "recurrent_ensemble_")) else ["CUDA"]
+            # resident step; the ensemble LSTM lstm_sequence_*, whose CUDA version is torch ops)
+            keys = ["CPU"] if op.startswith(("static_ensemble_", "recurrent_ensemble_", "lstm_sequence_")) else ["CUDA"]
         else:
             keys = ["CUDA", "CPU", "AutocastCUDA"] + (["Autograd"] if op in forward_ops else [])
         for key in keys:

@@ -149,8 +149,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("flat_adam_step", &nalu_cuda::training::flat_adam_step, release(), pybind11::arg("param"), pybind11::arg("grad"),
         pybind11::arg("exp_avg"), pybind11::arg("exp_avg_sq"), pybind11::arg("segments"), pybind11::arg("frozen"),
         pybind11::arg("freeze_nonfinite"), pybind11::arg("lr"), pybind11::arg("beta1"), pybind11::arg("beta2"), pybind11::arg("eps"), pybind11::arg("step"),
+        pybind11::arg("lr_member") = pybind11::none(), pybind11::arg("clip") = 0.0,
         "Adam on flat CPU buffers of an ensemble's (E, ...) parameters, members frozen where `frozen` (and, with "
-        "freeze_nonfinite, where their gradient has a NaN or Inf); returns which members' gradients have a NaN or Inf.");
+        "freeze_nonfinite, where their gradient has a NaN or Inf); lr_member (E,) float64: a learning rate per "
+        "member; clip > 0: each member's gradient norm clipped to it first; returns which members' gradients have "
+        "a NaN or Inf.");
   // Its resident variant on CUDA (FlatAdam.step_resident): no host read, the step count a device tensor.
   m.def("flat_adam_step_resident", &flat_adam_step_resident, release(), pybind11::arg("param"),
         pybind11::arg("grad"), pybind11::arg("exp_avg"), pybind11::arg("exp_avg_sq"), pybind11::arg("segments"),

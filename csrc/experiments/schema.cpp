@@ -3,7 +3,8 @@
 // (cuda/flat_adam_cuda.cpp). static_ensemble_grad and static_ensemble_step, the static task's whole
 // training step in one call: CPU kernels only (cpu/ensemble_step.cpp); recurrent_ensemble_grad and
 // recurrent_ensemble_step (and recurrent_ensemble_step_drawn, the batch drawn in the call), the
-// recurrent task's (cpu/recurrent_step.cpp). On any other device, or in a
+// recurrent task's (cpu/recurrent_step.cpp); lstm_sequence_forward and lstm_sequence_backward, the
+// sequence tasks' ensemble LSTM over a whole sequence (cpu/lstm_sequence.cpp). On any other device, or in a
 // build without the kernel, the kernels below say so. The other helpers of this folder (cpu/: the
 // fused Adam step on the CPU, the uniform fill) are no dispatcher ops: csrc/module.cpp binds them
 // with pybind11.
@@ -12,6 +13,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "common/registration.h"
@@ -83,6 +85,14 @@ constexpr const char* kSchemas[] = {
       " int batch, int length, Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg, Tensor(d!) exp_avg_sq,"
       " Tensor segments, Tensor(e!) diverged, bool freeze, str model, float eps, float lr, float beta1,"
       " float beta2, float adam_eps, int step) -> Tensor",
+  // The sequence tasks' ensemble LSTM (PyTorch's gate equations, gates i, f, g, o) over a whole
+  // unmasked sequence from zero states: xs (T, E, B, 4H) the projected inputs, time first, and W
+  // (E, H, 4H) the state weights, one floating dtype; z_t = xs[t] + h_{t-1} W per member. Returns
+  // hs (T, E, B, H), the state after every step, and saved (T, E, B, 6H) the rows [i f g o | c |
+  // tanh(c)] of every step that the backward reads (zero steps when save is False).
+  "lstm_sequence_forward(Tensor xs, Tensor W, bool save) -> (Tensor, Tensor)",
+  // Its backward from grad_hs (hs's shape), W and the forward's hs and saved: (grad_xs, grad_W).
+  "lstm_sequence_backward(Tensor grad_hs, Tensor W, Tensor hs, Tensor saved) -> (Tensor, Tensor)",
 };
 
 }  // namespace
@@ -109,12 +119,14 @@ at::Tensor flat_adam_step_resident_unsupported(const at::Tensor& param, const at
 
 // The static and recurrent steps' ops on any device but the CPU (every argument on the CPU is needed): a clear
 // error naming the op and the arguments that are elsewhere.
-[[noreturn]] void static_step_unsupported(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> args) {
+// `other`: what runs instead on other devices.
+[[noreturn]] void static_step_unsupported(const char* op, std::initializer_list<std::pair<const char*, const at::Tensor*>> args,
+                                          const char* other = "the CUDA training step is train_ensemble's resident step") {
   std::string where;
   for (const auto& [name, t] : args)
     if (t->defined() && !t->device().is_cpu()) where += c10::str(where.empty() ? "" : ", ", "'", name, "' on ", t->device());
-  TORCH_CHECK(false, op, ": every tensor argument must be a CPU tensor (this op has CPU kernels only; the CUDA "
-              "training step is train_ensemble's resident step), got ", where.empty() ? std::string("none on the CPU") : where);
+  TORCH_CHECK(false, op, ": every tensor argument must be a CPU tensor (this op has CPU kernels only; ", other,
+              "), got ", where.empty() ? std::string("none on the CPU") : where);
 }
 
 at::Tensor static_ensemble_grad_unsupported(const at::Tensor& x, const at::Tensor& target, const at::Tensor& param,
@@ -164,6 +176,18 @@ at::Tensor recurrent_ensemble_step_drawn_unsupported(TensorArg state, TensorArg 
       {"diverged", &diverged}});
 }
 
+// The ensemble LSTM's ops on any device but the CPU.
+constexpr const char* kLstmElsewhere = "on other devices EnsembleLSTM runs its torch version, _LSTMSequence";
+std::tuple<at::Tensor, at::Tensor> lstm_sequence_forward_unsupported(TensorArg xs, TensorArg W, bool) {
+  static_step_unsupported("lstm_sequence_forward", {{"xs", &xs}, {"W", &W}}, kLstmElsewhere);
+}
+
+std::tuple<at::Tensor, at::Tensor> lstm_sequence_backward_unsupported(TensorArg grad_hs, TensorArg W, TensorArg hs,
+                                                                      TensorArg saved) {
+  static_step_unsupported("lstm_sequence_backward", {{"grad_hs", &grad_hs}, {"W", &W}, {"hs", &hs}, {"saved", &saved}},
+                          kLstmElsewhere);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(nalu_cuda, CompositeExplicitAutograd, m) {
@@ -174,4 +198,6 @@ TORCH_LIBRARY_IMPL(nalu_cuda, CompositeExplicitAutograd, m) {
   m.impl("recurrent_ensemble_grad", &recurrent_ensemble_grad_unsupported);
   m.impl("recurrent_ensemble_step", &recurrent_ensemble_step_unsupported);
   m.impl("recurrent_ensemble_step_drawn", &recurrent_ensemble_step_drawn_unsupported);
+  m.impl("lstm_sequence_forward", &lstm_sequence_forward_unsupported);
+  m.impl("lstm_sequence_backward", &lstm_sequence_backward_unsupported);
 }

@@ -219,3 +219,115 @@ def test_mean_ci():
     assert m == 2.0 and lo == pytest.approx(2 - 4.302653 / math.sqrt(3), rel=1e-5)
     assert mean_ci([5.0]) == (5.0, 5.0, 5.0)
     assert mean_ci([float("nan"), None]) == (None, None, None)
+
+
+# ------------------------------------------------------------------------------------------------
+# The ensemble LSTM's native sequence ops (csrc/experiments/cpu/lstm_sequence.cpp) against the
+# torch version _LSTMSequence, the reference
+# ------------------------------------------------------------------------------------------------
+
+from nalu_cuda import _ops  # noqa: E402
+from nalu_cuda.experiments.parts.sequence_models import _LSTMSequence, _LSTMSequenceNative, lstm_sequence  # noqa: E402
+
+needs_native_lstm = pytest.mark.skipif(not _ops.has_kernel("cpu", "lstm_sequence_forward"),
+                                       reason="native extension not built")
+
+
+def _lstm_inputs(T, E, B, H, dtype, scale=0.5):
+    xs = (torch.randn(T, E, B, 4 * H, dtype=dtype) * 2).requires_grad_()
+    W = (torch.randn(E, H, 4 * H, dtype=dtype) * scale).requires_grad_()
+    return xs, W
+
+
+@needs_native_lstm
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", [(5, 3, 7, 4), (1, 2, 3, 1), (4, 2, 9, 10), (3, 1, 1, 3)],
+                         ids=["T5-H4", "one-step-H1", "H10", "one-row-odd-H"])
+def test_native_lstm_sequence_matches_the_torch_version(dtype, shape):
+    """States and both gradients against _LSTMSequence, for fresh random inputs large enough to
+    saturate some gates (float64 to rounding, float32 to a few ulp)."""
+    torch.manual_seed(sum(shape))
+    xs, W = _lstm_inputs(*shape, dtype)
+    dhs = torch.randn(*shape[:3], shape[3], dtype=dtype)
+    want = _LSTMSequence.apply(xs, W, True)
+    want_g = torch.autograd.grad(want, (xs, W), dhs)
+    got = _LSTMSequenceNative.apply(xs, W, True)
+    got_g = torch.autograd.grad(got, (xs, W), dhs)
+    tol = dict(rtol=1e-12, atol=1e-13) if dtype == torch.float64 else dict(rtol=2e-5, atol=2e-6)
+    torch.testing.assert_close(got, want, **tol)
+    for g, w in zip(got_g, want_g):
+        torch.testing.assert_close(g, w, **tol)
+    with torch.no_grad():  # the forward without the saved rows gives the same states, bit for bit
+        assert torch.equal(_LSTMSequenceNative.apply(xs, W, False), got)
+
+
+@needs_native_lstm
+def test_native_lstm_sequence_gradcheck():
+    torch.manual_seed(1)
+    xs, W = _lstm_inputs(3, 2, 4, 2, torch.float64)
+    assert torch.autograd.gradcheck(lambda x, w: _LSTMSequenceNative.apply(x, w, True), (xs, W))
+
+
+@needs_native_lstm
+def test_ensemble_lstm_takes_the_native_ops_and_matches_the_torch_version():
+    """EnsembleLSTM on the CPU runs the native ops by default (native = False: the torch version);
+    whole models agree, members stay independent, and 1 and 2 threads give the same bits."""
+    torch.manual_seed(2)
+    E, I, H = 3, 5, 6
+    ens = EnsembleLSTM(I, H, ensemble=E).double()
+    ens.reset_parameters(_gens(E))
+    x = torch.randn(E, 4, 7, I, dtype=torch.double)
+    out = ens(x)
+    loss_native = (out ** 2).sum()
+    g_native = torch.autograd.grad(loss_native, [ens.x2h.weight, ens.h2h.weight])
+    ens.native = False
+    out_ref = ens(x)
+    g_ref = torch.autograd.grad((out_ref ** 2).sum(), [ens.x2h.weight, ens.h2h.weight])
+    torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-13)
+    for a, b in zip(g_native, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-13)
+    ens.native = True
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ens(x)
+        torch.set_num_threads(2)
+        two = ens(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two) and torch.equal(one, out)
+
+
+@needs_native_lstm
+def test_lstm_sequence_falls_back_where_the_native_ops_do_not_run():
+    xs, W = _lstm_inputs(2, 2, 3, 2, torch.float64)
+    assert type(lstm_sequence(xs, W, True).grad_fn).__name__.startswith("_LSTMSequenceNative")
+    assert type(lstm_sequence(xs, W, True, native=False).grad_fn).__name__.startswith("_LSTMSequence")
+    assert not type(lstm_sequence(xs, W, True, native=False).grad_fn).__name__.startswith("_LSTMSequenceNative")
+    half = lstm_sequence(xs.detach().bfloat16().requires_grad_(), W.detach().bfloat16(), True)
+    assert not type(half.grad_fn).__name__.startswith("_LSTMSequenceNative")
+
+
+@needs_native_lstm
+def test_native_lstm_sequence_bad_arguments():
+    ops = torch.ops.nalu_cuda
+    xs, W = (t.detach() for t in _lstm_inputs(2, 3, 4, 5, torch.float32))
+    with pytest.raises(RuntimeError, match=r"lstm_sequence_forward: argument 'W' must be a contiguous CPU tensor of xs's "
+                                           r"dtype \(Float\) of shape \[E, H, 4 H\] .* got a Double cpu tensor"):
+        ops.lstm_sequence_forward(xs, W.double(), True)
+    with pytest.raises(RuntimeError, match=r"lstm_sequence_forward: argument 'xs' must be a contiguous float32 or "
+                                           r"float64 CPU tensor of shape \[T, E, B, 4 H\].*got a Float cpu tensor of "
+                                           r"shape \[3, 4, 20\]"):
+        ops.lstm_sequence_forward(xs[0], W, True)
+    with pytest.raises(RuntimeError, match=r"lstm_sequence_forward: argument 'W' .* with E = xs.size\(1\) = 3"):
+        ops.lstm_sequence_forward(xs, W[:2].contiguous(), True)
+    hs, saved = ops.lstm_sequence_forward(xs, W, True)
+    _, nosave = ops.lstm_sequence_forward(xs, W, False)
+    with pytest.raises(RuntimeError, match=r"lstm_sequence_backward: argument 'saved' must be .* of shape \[2, 3, 4, "
+                                           r"30\] \(the forward's second result, run with save=True\), got .*\[0, 3, 4, 30\]"):
+        ops.lstm_sequence_backward(torch.ones_like(hs), W, hs, nosave)
+    with pytest.raises(RuntimeError, match=r"lstm_sequence_backward: argument 'grad_hs' must be .* \(hs's shape\)"):
+        ops.lstm_sequence_backward(torch.ones(2, 3, 4, 6), W, hs, saved)
+    with pytest.raises(RuntimeError, match=r"lstm_sequence_forward: every tensor argument must be a CPU tensor .*"
+                                           r"EnsembleLSTM runs its torch version.*'xs' on meta"):
+        ops.lstm_sequence_forward(xs.to("meta"), W.to("meta"), True)

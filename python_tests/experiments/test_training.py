@@ -1,5 +1,4 @@
 """Ensemble training: members equal single runs, divergence stays in its member, real learning."""
-import math
 
 import pytest
 import torch
@@ -216,3 +215,78 @@ def test_fused_adam_bad_arguments():
         _fused_adam(*ok[:5], torch.zeros(2), *ok[6:])
     with pytest.raises(RuntimeError, match=r"step must be at least 1, got 0"):
         _fused_adam(*ok[:-1], 0)
+
+
+def _member_lr_pair(E, dtype, fused: bool, clip):
+    """Two parameters of E members with a learning rate per member and the clip, as the sequence
+    tasks train (language: two learning rates x seeds, clip 100)."""
+    from nalu_cuda.experiments.parts import optim
+
+    torch.manual_seed(5)
+    params = [torch.randn(s, dtype=dtype).requires_grad_() for s in [(E, 7, 3), (E, 37)]]
+    lrs = [1e-3 * 3 ** e for e in range(E)]
+    opt = optim.FlatAdam(params, lrs, ensemble=E, clip=clip)
+    if not fused:
+        opt._native_step = lambda E: None
+    return params, opt
+
+
+@needs_fused_adam
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
+def test_fused_adam_member_learning_rates_and_clip_match_the_tensor_ops(dtype, clip):
+    """The fused step with a learning rate per member and the per-member clip (FlatAdam's lr_member
+    and clip) against the tensor ops: the same flags, the same parameters to rounding, and the fused
+    step is the one taken."""
+    E = 4
+    params, opt = _member_lr_pair(E, dtype, True, clip)
+    ops_params, ops_opt = _member_lr_pair(E, dtype, False, clip)
+    assert opt._native_step(E) is not None and ops_opt._native_step(E) is None
+    frozen = torch.tensor([False, False, True, False])
+    for step in range(30):
+        # large gradients (clipped) on some steps, small ones (not clipped) on others; a NaN once
+        grads = [torch.randn_like(p) * (10.0 if step % 3 == 0 else 0.01) for p in params]
+        if step == 7:
+            grads[1][1, 3] = float("nan")
+        for p, q, g in zip(params, ops_params, grads):
+            p.grad.copy_(g)
+            q.grad.copy_(g)
+        bad = opt.step_ensemble(frozen, True)
+        assert torch.equal(bad, ops_opt.step_ensemble(frozen, True))
+        assert bad.tolist() == [False, step == 7, False, False]
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-13)
+    for p, q in zip(params, ops_params):
+        torch.testing.assert_close(p, q, **tol)
+        assert torch.isfinite(p).all()
+    start = _member_lr_pair(E, dtype, True, clip)[0]
+    assert all(torch.equal(p.detach()[2], q.detach()[2]) for p, q in zip(params, start))  # the frozen member never moved
+
+
+@needs_fused_adam
+def test_fused_adam_clip_rescales_to_the_norm():
+    """One step from zero moments moves each element by lr * sign(g) whatever the scale of g, so the
+    clip is seen in the moments: the first moment is (1 - beta1) * the clipped gradient."""
+    E = 2
+    params, opt = _member_lr_pair(E, torch.float64, True, 1.0)
+    g = [torch.zeros_like(p) for p in params]
+    g[0][0, 0, 0], g[0][0, 1, 0], g[1][1, 0] = 30.0, 40.0, 0.25  # member 0: norm 50; member 1: norm 0.25
+    for p, gg in zip(params, g):
+        p.grad.copy_(gg)
+    opt.step_ensemble(torch.zeros(E, dtype=torch.bool), False)
+    m = opt.exp_avg[:21 * E].view(E, 7, 3)
+    assert torch.allclose(m[0, 0, 0], torch.tensor(0.1 * 0.6, dtype=torch.float64), rtol=1e-12)
+    assert torch.allclose(m[0, 1, 0], torch.tensor(0.1 * 0.8, dtype=torch.float64), rtol=1e-12)
+    assert torch.allclose(opt.exp_avg[21 * E:].view(E, 37)[1, 0], torch.tensor(0.025, dtype=torch.float64), rtol=1e-12)
+
+
+@needs_fused_adam
+def test_fused_adam_member_lr_and_clip_bad_arguments():
+    buf = torch.zeros(10)
+    ok = (buf, buf.clone(), buf.clone(), buf.clone(), torch.tensor([[0, 5]]), torch.zeros(2, dtype=torch.bool), False,
+          1e-3, 0.9, 0.999, 1e-8, 1)
+    _fused_adam(*ok, lr_member=torch.tensor([1e-3, 1e-2], dtype=torch.float64), clip=1.0)
+    with pytest.raises(RuntimeError, match=r"flat_adam_step: lr_member must be a contiguous 1-D float64 CPU tensor of "
+                                           r"2 learning rates \(one per member\), got a Float cpu tensor of shape \[2\]"):
+        _fused_adam(*ok, lr_member=torch.tensor([1e-3, 1e-2]))
+    with pytest.raises(RuntimeError, match=r"flat_adam_step: clip must be a finite number .* got nan"):
+        _fused_adam(*ok, clip=float("nan"))

@@ -10,7 +10,9 @@
 
 #include <cmath>
 #include <sstream>
+#include <algorithm>
 #include <string>
+#include <vector>
 
 // Same rounding in the vector body and the scalar remainder of every loop: no contraction into FMA.
 NALU_FP_CONTRACT_OFF
@@ -39,15 +41,25 @@ bool nonfinite_run(const T* g, int64_t n) {
   return bad != T(0);
 }
 
+// The sum of squares of a run of n gradient elements, in float64 (the clip's norm).
+template <typename T>
+double squares_run(const T* g, int64_t n) {
+  double sq = 0.0;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t k = 0; k < n; ++k) sq += static_cast<double>(g[k]) * static_cast<double>(g[k]);
+  return sq;
+}
+
 // The update of one member's run of n elements.
 template <typename T>
-NALU_ADAM_INLINE void update_run_impl(T* p, const T* g, T* m, T* v, int64_t n, bool frozen, const AdamScalars<T>& s) {
+NALU_ADAM_INLINE void update_run_impl(T* p, const T* g, T* m, T* v, int64_t n, bool frozen, T gscale,
+                                      const AdamScalars<T>& s) {
   // m: torch's lerp with weight w = 1 - beta1 (the second form for w >= 0.5, as torch has it)
   const T w = s.one_minus_beta1;
   const bool lerp_low = w < T(0.5);
 #pragma omp simd
   for (int64_t k = 0; k < n; ++k) {
-    const T gk = frozen ? T(0) : g[k];
+    const T gk = frozen ? T(0) : g[k] * gscale;  // (gscale: the clip's factor, else 1: exact)
     const T mk = lerp_low ? m[k] + w * (gk - m[k]) : gk - (gk - m[k]) * (T(1) - w);
     T vk = v[k] * s.beta2;
     vk = vk + s.one_minus_beta2 * gk * gk;
@@ -59,8 +71,8 @@ NALU_ADAM_INLINE void update_run_impl(T* p, const T* g, T* m, T* v, int64_t n, b
 }
 
 template <typename T>
-void update_run(T* p, const T* g, T* m, T* v, int64_t n, bool frozen, const AdamScalars<T>& s) {
-  update_run_impl(p, g, m, v, n, frozen, s);
+void update_run(T* p, const T* g, T* m, T* v, int64_t n, bool frozen, T gscale, const AdamScalars<T>& s) {
+  update_run_impl(p, g, m, v, n, frozen, gscale, s);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -68,8 +80,8 @@ void update_run(T* p, const T* g, T* m, T* v, int64_t n, bool frozen, const Adam
 #pragma GCC push_options
 #pragma GCC target("avx2")
 template <typename T>
-void update_run_avx2(T* p, const T* g, T* m, T* v, int64_t n, bool frozen, const AdamScalars<T>& s) {
-  update_run_impl(p, g, m, v, n, frozen, s);
+void update_run_avx2(T* p, const T* g, T* m, T* v, int64_t n, bool frozen, T gscale, const AdamScalars<T>& s) {
+  update_run_impl(p, g, m, v, n, frozen, gscale, s);
 }
 #pragma GCC pop_options
 #endif
@@ -85,7 +97,7 @@ std::string describe(const at::Tensor& t) {
 at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                           const at::Tensor& exp_avg_sq, const at::Tensor& segments, const at::Tensor& frozen,
                           bool freeze_nonfinite, double lr, double beta1, double beta2, double eps,
-                          int64_t step) {
+                          int64_t step, const c10::optional<at::Tensor>& lr_member, double clip) {
   constexpr const char* kFn = "flat_adam_step";
   TORCH_CHECK(param.defined() && param.device().is_cpu() && param.dim() == 1 && param.is_contiguous() &&
                   (param.scalar_type() == at::kFloat || param.scalar_type() == at::kDouble),
@@ -111,6 +123,14 @@ at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const
               kFn, ": segments must be a contiguous int64 CPU tensor of shape (P, 2) (offset, per_member), got a ",
               segments.defined() ? describe(segments) : std::string("undefined tensor"));
   TORCH_CHECK(step >= 1, kFn, ": step must be at least 1, got ", step);
+  const bool per_member = lr_member.has_value() && lr_member->defined();
+  if (per_member)
+    TORCH_CHECK(lr_member->device().is_cpu() && lr_member->dim() == 1 && lr_member->is_contiguous() &&
+                    lr_member->scalar_type() == at::kDouble && lr_member->numel() == E,
+                kFn, ": lr_member must be a contiguous 1-D float64 CPU tensor of ", E, " learning rates (one per "
+                "member), got a ", describe(*lr_member));
+  TORCH_CHECK(std::isfinite(clip), kFn, ": clip must be a finite number (> 0: each member's gradient norm is clipped "
+              "to it; <= 0: no clipping), got ", clip);
   const int64_t P = segments.size(0);
   const int64_t* seg = segments.const_data_ptr<int64_t>();
   for (int64_t q = 0; q < P; ++q) {
@@ -123,6 +143,8 @@ at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const
   const bool* fz = frozen.const_data_ptr<bool>();
   const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  const double* lrs = per_member ? lr_member->const_data_ptr<double>() : nullptr;
+  std::vector<double> sq(clip > 0.0 ? E : 0, 0.0);
   AT_DISPATCH_FLOATING_TYPES(param.scalar_type(), "flat_adam_step", [&] {
     using T = scalar_t;
     const AdamScalars<T> s{static_cast<T>(1.0 - beta1), static_cast<T>(beta2), static_cast<T>(1.0 - beta2),
@@ -137,13 +159,26 @@ at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const
     T* v = exp_avg_sq.data_ptr<T>();
     for (int64_t q = 0; q < P; ++q) {
       const int64_t off = seg[2 * q], per = seg[2 * q + 1];
-      for (int64_t e = 0; e < E; ++e) bad[e] = bad[e] || nonfinite_run(g + off + e * per, per);
+      for (int64_t e = 0; e < E; ++e) {
+        if (clip > 0.0)
+          sq[e] += squares_run(g + off + e * per, per);  // a NaN or Inf anywhere makes it non-finite
+        else
+          bad[e] = bad[e] || nonfinite_run(g + off + e * per, per);
+      }
+    }
+    std::vector<T> gscale(E, T(1));
+    for (int64_t e = 0; e < E && clip > 0.0; ++e) {
+      bad[e] = !std::isfinite(sq[e]);
+      // FlatAdam.clip_grad_norm_: min(1, clip / (norm + 1e-12)) in float64, then in the gradient's dtype
+      gscale[e] = static_cast<T>(std::min(1.0, clip / (std::sqrt(sq[e]) + 1e-12)));
     }
     for (int64_t q = 0; q < P; ++q) {
       const int64_t off = seg[2 * q], per = seg[2 * q + 1];
       for (int64_t e = 0; e < E; ++e) {
         const int64_t o = off + e * per;
-        run(p + o, g + o, m + o, v + o, per, fz[e] || (freeze_nonfinite && bad[e]), s);
+        AdamScalars<T> se = s;
+        if (lrs != nullptr) se.neg_step_size = static_cast<T>(-lrs[e] / bc1);
+        run(p + o, g + o, m + o, v + o, per, fz[e] || (freeze_nonfinite && bad[e]), gscale[e], se);
       }
     }
   });

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
 
 namespace nalu_cuda {
 namespace training {
@@ -14,6 +15,10 @@ namespace training {
 // frozen: bool (E,); a frozen member's gradient counts as zero (its moments decay, it does not move
 //   once they are reset); with freeze_nonfinite, so does that of a member whose gradient has a NaN
 //   or Inf in this step.
+// lr_member: optional float64 (E,), one learning rate per member instead of lr.
+// clip > 0: each member's gradient, over every segment, is rescaled by min(1, clip / (norm +
+//   1e-12)) (the norm from the float64 sum of squares; the factor rounded to the gradient's dtype)
+//   before the update, as FlatAdam.clip_grad_norm_ does; grad itself is not changed.
 // Returns bool (E,): whether member e's gradient has a NaN or Inf anywhere (before freezing).
 //
 // The update is torch.optim.Adam's (no weight decay, no amsgrad), with the step `step` (>= 1):
@@ -25,7 +30,8 @@ namespace training {
 // e of an ensemble gets exactly the update a one-member run gets.
 at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                           const at::Tensor& exp_avg_sq, const at::Tensor& segments, const at::Tensor& frozen,
-                          bool freeze_nonfinite, double lr, double beta1, double beta2, double eps, int64_t step);
+                          bool freeze_nonfinite, double lr, double beta1, double beta2, double eps, int64_t step,
+                          const c10::optional<at::Tensor>& lr_member = c10::nullopt, double clip = 0.0);
 
 }  // namespace training
 }  // namespace nalu_cuda

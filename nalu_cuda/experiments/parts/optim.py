@@ -91,6 +91,10 @@ class FlatAdam:
                 raise ValueError(f"FlatAdam: {t.numel()} learning rates for {E or 1} members")
         self.lr = float(lrs[0][0])
         self.lr_flat = None
+        # one learning rate per member, the same for every parameter (the fused CPU step's lr_member), else None
+        self.lr_member: Optional[Tensor] = None
+        if E is not None and all(t.numel() == lrs[0].numel() and torch.equal(t, lrs[0]) for t in lrs):
+            self.lr_member = lrs[0].expand(E).contiguous()
         if any(t.numel() != 1 or float(t[0]) != self.lr for t in lrs):
             parts = []
             for g, t in zip(groups, lrs):
@@ -161,17 +165,23 @@ class FlatAdam:
             self.flat.addcdiv_(self.exp_avg * self.lr_flat, denom, value=-1.0 / bc1)
 
     def _native_step(self, E: int):
-        """The fused CPU step (csrc/experiments/cpu/flat_adam.cpp) and the (offset, per-member size) of
-        every parameter, or None where it does not apply (not CPU, extension not built, learning
-        rates per element or clipping, a parameter without the leading member dimension E)."""
+        """The fused CPU step (csrc/experiments/cpu/flat_adam.cpp), the (offset, per-member size) of
+        every parameter, the members' learning rates (or None: one for all) and the clip (0: none),
+        or None where it does not apply (not CPU, extension not built, learning rates that differ
+        within a member, clipping over another number of members than ``ensemble``, a parameter
+        without the leading member dimension E)."""
         if self._segments is None or self._segments[0] != E:  # worked out once per E, not per step
             from nalu_cuda import _ops
 
             native = None
             fn = getattr(_ops.fast, "flat_adam_step", None)
-            if (fn is not None and self.flat.device.type == "cpu" and self.lr_flat is None and self.clip is None
+            lr_member = None if self.lr_flat is None else self.lr_member
+            if (fn is not None and self.flat.device.type == "cpu" and (self.lr_flat is None or lr_member is not None)
+                    and (self.clip is None or (E == self.ensemble and 0 < self.clip < math.inf))
+                    and (lr_member is None or lr_member.numel() == E)
                     and all(len(s) and s[0] % E == 0 for _, _, s in self._views)):
-                native = (fn, torch.tensor([[off, k // E] for off, k, _ in self._views], dtype=torch.long))
+                native = (fn, torch.tensor([[off, k // E] for off, k, _ in self._views], dtype=torch.long),
+                          lr_member, 0.0 if self.clip is None else float(self.clip))
             self._segments = (E, native)
         return self._segments[1]
 
@@ -187,10 +197,11 @@ class FlatAdam:
         E = frozen.numel()
         native = self._native_step(E)
         if native is not None:
-            fn, segs = native
+            fn, segs, lr_member, clip = native
             self.step_count += 1
             return fn(self.flat, self.grad, self.exp_avg, self.exp_avg_sq, segs, frozen.contiguous(),
-                      freeze_nonfinite, self.lr, self.beta1, self.beta2, self.eps, self.step_count)
+                      freeze_nonfinite, self.lr, self.beta1, self.beta2, self.eps, self.step_count,
+                      lr_member=lr_member, clip=clip)
         nonfinite = self._zero_frozen_grads(frozen, freeze_nonfinite, read_back=True)
         self.step()
         return nonfinite

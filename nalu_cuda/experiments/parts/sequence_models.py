@@ -18,10 +18,11 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 import nalu_cuda
+from nalu_cuda import _ops
 
 from .layers import GatedCell, Generators
 
-__all__ = ["EnsembleLSTM", "EnsembleGRU", "EnsembleUGRNN", "RecurrentArithmetic", "make_recurrent", "RECURRENT_KINDS",
+__all__ = ["EnsembleLSTM", "lstm_sequence", "EnsembleGRU", "EnsembleUGRNN", "RecurrentArithmetic", "make_recurrent", "RECURRENT_KINDS",
            "final_states", "frozen_states", "last_valid_step"]
 
 
@@ -216,11 +217,45 @@ class _LSTMSequence(torch.autograd.Function):
         return dxs, dW, None
 
 
+class _LSTMSequenceNative(torch.autograd.Function):
+    """:class:`_LSTMSequence` as two native calls on the CPU (``nalu_cuda::lstm_sequence_forward``
+    and ``lstm_sequence_backward``, ``csrc/experiments/cpu/lstm_sequence.cpp``): every step's gates,
+    cell and output of a member in one pass along the gates' rows, and the backward through time in
+    one pass back, instead of a dozen torch ops per step each way. The same equations; the sums'
+    order (and so the last bits) differ from the torch version's, which stays the reference."""
+
+    @staticmethod
+    def forward(ctx, xs: Tensor, W: Tensor, grad: bool):
+        W = W.contiguous()
+        hs, saved = _ops.ops.lstm_sequence_forward(xs.contiguous(), W, grad)
+        ctx.save_for_backward(W, hs, saved)
+        return hs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dhs: Tensor):
+        W, hs, saved = ctx.saved_tensors
+        dxs, dW = _ops.ops.lstm_sequence_backward(dhs.contiguous(), W, hs, saved)
+        return dxs, dW, None
+
+
+def lstm_sequence(xs: Tensor, W: Tensor, grad: bool, native: bool = True) -> Tensor:
+    """An unmasked ensemble LSTM over a whole sequence (``xs (T, E, B, 4H)``, ``W (E, H, 4H)`` ->
+    ``(T, E, B, H)``): the native kernels where they run (CPU, float32 or float64, the extension
+    loaded, ``native``), else the torch version :class:`_LSTMSequence`."""
+    if (native and xs.device.type == "cpu" and xs.dtype in (torch.float32, torch.float64) and W.dtype == xs.dtype
+            and _ops.has_kernel("cpu", "lstm_sequence_forward")):
+        return _LSTMSequenceNative.apply(xs, W, grad)
+    return _LSTMSequence.apply(xs, W, grad)
+
+
 class EnsembleLSTM(_GatedRecurrent):
     """LSTM (PyTorch's gate equations) per member. Unmasked ensemble runs take the whole sequence in
-    one step of autograd (:class:`_LSTMSequence`); masked ones step by step."""
+    one step of autograd (:func:`lstm_sequence`: native kernels on the CPU unless ``native`` is
+    False, else :class:`_LSTMSequence`); masked ones step by step."""
 
     GATES, H2H_BIAS, N_STATES = 4, False, 2
+    native: bool = True  # the native sequence kernels where they run (False: the torch version)
 
     def cell_step(self, xt: Tensor, states: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
         h, c = states
@@ -228,7 +263,7 @@ class EnsembleLSTM(_GatedRecurrent):
 
     def _run(self, xs: Tensor, mask: Optional[Tensor]) -> Tensor:
         if mask is None and self.h2h.weight.dim() == 3 and xs.dim() == 4:
-            return _LSTMSequence.apply(xs, self.h2h.weight, torch.is_grad_enabled()).movedim(0, 2)
+            return lstm_sequence(xs, self.h2h.weight, torch.is_grad_enabled(), self.native).movedim(0, 2)
         return super()._run(xs, mask)
 
 
