@@ -245,6 +245,10 @@ PROFILES = {
     "quick": {"seeds": 10, "steps": 500},
     "paper": {"seeds": 10, "steps": 20000, "params": {"hidden": 64, "batch": 64, "eval_every": 500}},
 }
+# decisive: the paper profile itself, at which every model learns [0, 100) (validation R^2 >= 0.98), so
+# that extrapolation can be judged (benchmarks/results/decisive/programs/, run with --profile paper: the
+# same configurations).
+PROFILES["decisive"] = PROFILES["paper"]
 
 
 def profile_configs(profile: str) -> List[registry.Config]:
