@@ -57,13 +57,13 @@ def _model(name, dtype, E, seed=0, inputs=I, **kw):
     return model.to(dtype)
 
 
-def _train(model, batches, native, E, *, eval_every=1000, steps=STEPS, clip=None):
+def _train(model, batches, native, E, *, eval_every=1000, steps=STEPS, clip=None, lr=1e-3):
     dtype = next(model.parameters()).dtype
     T = batches[1][0].shape[2]
     xv = torch.rand(8, T, I, dtype=dtype) + 1
     val = EvalSet("valid", xv, torch.zeros(E, 8, 1, dtype=dtype), shared=True)
     options = TrainOptions(data=DataOptions(batch_fn=lambda k: batches[k]),
-                           evaluation=EvalOptions(val=val, eval_every=eval_every), optim=OptimOptions(lr=1e-3, clip=clip),
+                           evaluation=EvalOptions(val=val, eval_every=eval_every), optim=OptimOptions(lr=lr, clip=clip),
                            step=StepOptions(native=native))
     training = EnsembleTraining(model, E, steps, options)
     return training, training.run()
@@ -230,6 +230,9 @@ def test_eligibility_and_the_autograd_switch():
     hooked.cell.register_forward_hook(lambda *a: None)
     assert _train(hooked, batches, True, E, steps=2)[0].step_path == "autograd"
     assert _train(_model("nac", torch.float32, E), batches, True, E, steps=2, clip=1.0)[0].step_path == "autograd"
+    # a learning rate per member: FlatAdam's fused step takes it, the native training step (one rate) does not
+    assert _train(_model("nac", torch.float32, E), batches, True, E, steps=2,
+                  lr=[1e-3, 2e-3, 3e-3])[0].step_path == "autograd"
     assert _train(_model("nac", torch.float32, E), batches, False, E, steps=2)[0].step_path == "autograd"
     assert _train(_model("nac", torch.float32, E), batches, True, E, steps=2)[0].step_path == "native"
 

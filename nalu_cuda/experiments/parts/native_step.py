@@ -110,6 +110,13 @@ def _units_match(name: str, model, units) -> bool:
     return reg_ok and getattr(units.project, "native_projection", None) is model
 
 
+def _plain_adam(opt, E: int) -> bool:
+    """Whether ``opt``'s fused CPU step applies with one learning rate for every member and no clip:
+    the optimiser step the native training steps run inside their call (they take neither)."""
+    fused = opt._native_step(E)
+    return fused is not None and fused[2] is None and fused[3] == 0.0
+
+
 def native_step(training, base: type) -> Optional[Callable[[int], None]]:
     """The native step of an :class:`~.training.EnsembleTraining` (a function of the step), or None
     where it does not apply (see the module docstring). ``base`` is ``EnsembleTraining`` itself
@@ -128,7 +135,7 @@ def native_step(training, base: type) -> Optional[Callable[[int], None]]:
     params = list(model.parameters())
     if (opt.flat.device.type != "cpu" or opt.flat.dtype not in (torch.float32, torch.float64) or _hooked(model)
             or len(params) != len(opt.params) or any(a is not b for a, b in zip(params, opt.params))
-            or opt._native_step(E) is None or not _units_match(name, model, o.units)):
+            or not _plain_adam(opt, E) or not _units_match(name, model, o.units)):
         return None
     for hook in ("training_loss", "loss_penalty", "clip_gradients", "after_step", "gradients", "eager_step"):
         if getattr(type(training), hook) is not getattr(base, hook):
