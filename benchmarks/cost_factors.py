@@ -7,9 +7,9 @@ seed-step of one configuration of each model, relative to NAC, on this machine's
 ``--sequence``: the sequence tasks' cost factors (each experiment's ``cost_factor`` and
 ``model_costs``): every ``paper`` configuration of each task run twice, at a few and at more
 steps, in CPU seconds of this process; the difference is the cost of the extra steps (with
-their evaluations), per seed-step, relative to the same measure of the static task's
-standard-nac-add configuration (100 seeds, the run that measured distributed.CPU_UNITS_PER_S),
-measured in the same invocation, so that a loaded machine scales both alike. The grid world's
+their evaluations), per seed-step, in the cost model's units (CPU seconds x
+distributed.CPU_UNITS_PER_S, the wall rate of static standard-nac-add on a rank), and beside it
+relative to the same measure of standard-nac-add in this invocation (for a loaded machine). The grid world's
 steps (each plays whole episodes) are timed on their own (:func:`gridworld_step_time`).
 
 Whole runs (training, evaluations, baselines) of the static task (8 seeds x 600 steps, one op) and the
@@ -116,13 +116,13 @@ def sequence_factors(tasks, out) -> None:
                 cost = gridworld_step_time(cfg.params["agent"])
             else:
                 cost = per_seed_step(cfg, SEQUENCE_STEPS[task], out)
-            rel = cost / ref
-            measured_h = rel * cfg.seeds * cfg.steps / distributed.CPU_UNITS_PER_S / 3600
+            units = cost * distributed.CPU_UNITS_PER_S  # the cost model's units per seed-step
+            measured_h = cost * cfg.seeds * cfg.steps / 3600
             est_h = distributed.estimated_hours([dataclasses.replace(cfg)])
-            print(f"{task} {cfg.name}: {cost:.3g} CPU s per seed-step, {rel:.3g} x static; "
-                  f"factor {rel / distributed.model_factor(cfg.params.get('model')):.3g} over the model's "
-                  f"{distributed.model_factor(cfg.params.get('model'))}; paper budget: estimate {est_h:.3g} h, "
-                  f"measured {measured_h:.3g} h", flush=True)
+            print(f"{task} {cfg.name}: {cost:.3g} CPU s per seed-step ({cost / ref:.3g} x this static reference); "
+                  f"{units:.3g} units (1 / CPU_UNITS_PER_S s), factor {units / distributed.model_factor(cfg.params.get('model')):.3g} "
+                  f"over the model's {distributed.model_factor(cfg.params.get('model'))}; paper budget: estimate "
+                  f"{est_h:.3g} h, measured {measured_h:.3g} h of CPU", flush=True)
 
 
 def main():

@@ -56,6 +56,9 @@ def test_plan_keeps_finished_and_checkpointed_where_they_are():
 def test_estimated_cost():
     cfg = Config("static", "c", seeds=4, steps=100)
     assert costs.estimated_cost(cfg) == 400 * costs.COST_FACTORS["static"]
+    # one member per seed and operation: two operations cost twice one
+    two = Config("static", "c2", seeds=4, steps=100, params={"ops": ["add", "sub"]})
+    assert costs.estimated_cost(two) == 2 * costs.estimated_cost(Config("static", "c1", 4, 100, {"ops": ["add"]}))
     assert costs.estimated_cost(Config("digits", "d", 1, 10)) > costs.estimated_cost(Config("static", "s", 1, 10))
     nac, nalu, lstm = (costs.estimated_cost(Config("recurrent", m, 4, 100, {"model": m})) for m in ("nac", "nalu", "lstm"))
     assert nac < nalu < lstm

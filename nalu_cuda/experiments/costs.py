@@ -36,18 +36,22 @@ class _CostFactors(Mapping):
 
 COST_FACTORS: Mapping[str, float] = _CostFactors()
 
-# Relative cost of a step per model (``params["model"]``; NAC = 1, an unlisted model 1.5), measured on a
-# 2-core CPU, 1 thread, with ``OMP_NUM_THREADS=1 python benchmarks/cost_factors.py`` (2026-12-01, a load of
-# about 4, so +-20%): whole static runs (8 seeds x 600 steps, one op) gave NAC-mul 1.08, NALU 1.45,
-# NALU separate/independent gate 1.58, the torch MLPs (linear, ReLU) 1.58-1.62; whole recurrent runs
-# LSTM 3.73 and GRU 3.70 against the recurrent NAC; a training step of a two-layer module stack (the
-# units no task builds yet) NAU 1.22, NMU 1.28, NPU 3.6, RealNPU 3.34, iNALU 4.89 against NAC's. The
-# static task's "nmu" model (NAU -> NMU, weights clamped every step) at 50 seeds: 2.0 (CPU_UNITS_PER_S).
+# Relative cost of a step per model and operation (``params["model"]``; NAC = 1, an unlisted model 1.5), on the
+# 2-core CPU, 1 thread, since the static task's native steps (2026-12-03; benchmarks/RESULTS.md section 22):
+# the standard profile's cells on two torchrun ranks give the NAU model 1.65 (100 seeds x 1e5 steps x 2
+# operations in 672 s), the NMU model 0.95 (100 seeds x 3e6 steps as two blocks of 50, 2846 and 2786 s) and the MLPs MLP_FACTOR
+# (standard-linear-add, 100 x 1.5e5 in 1158 s) against standard-nac-add's rate (CPU_UNITS_PER_S); whole
+# static runs (`OMP_NUM_THREADS=1 python benchmarks/cost_factors.py`, 8 seeds x 600 steps, one op) NALU 1.5,
+# NAC-mul 2.0, NALU separate/independent gate 3.3; whole recurrent runs (against the recurrent NAC) LSTM 24
+# and GRU 21; a training step of a two-layer module stack (the units no task builds yet, against NAC's)
+# NPU 5.6, RealNPU 5.5, iNALU 7.4. Good to about a factor of 1.5 (the machine is shared).
+NMU_STANDARD = 0.95
 MODEL_FACTORS: Dict[str, float] = {
-    "nac": 1.0, "nac-mul": 1.1, "nalu": 1.5, "nalu-separate": 1.6, "nalu-indgate": 1.6, "nalu-separate-indgate": 1.6,
-    "lstm": 3.7, "gru": 3.7, "nau": 1.2, "nmu": 2.0, "npu": 3.6, "realnpu": 3.3, "real-npu": 3.3, "inalu": 4.9,
+    "nac": 1.0, "nac-mul": 2.0, "nalu": 1.5, "nalu-separate": 3.3, "nalu-indgate": 3.3, "nalu-separate-indgate": 3.3,
+    "lstm": 24.0, "gru": 21.0, "nau": 1.65, "nmu": NMU_STANDARD, "npu": 5.6, "realnpu": 5.5, "real-npu": 5.5,
+    "inalu": 7.4,
 }
-MLP_FACTOR = 1.6  # linear, relu, relu6 and the other activations: torch's batched products
+MLP_FACTOR = 3.7  # linear, relu, relu6 and the other activations: torch's batched products (autograd step)
 
 
 def model_factor(model: Any) -> float:
@@ -68,14 +72,14 @@ def model_factor(model: Any) -> float:
 
 
 # Cost units (:func:`estimated_cost`) one CPU core trains per second: measured on the 2-core CPU machine,
-# one thread per rank, two ranks (2026-12-03, `torchrun --nproc-per-node 2 -m nalu_cuda static --profile
-# standard --threads 1`): standard-nac-add (100 seeds x 5e5 steps) 1396 s and standard-nac-sub 140 s,
-# both 3.6e4 units/s; standard-linear-add 2.8e4; the NMU model's cell 50 seeds x 2.22e5 steps in 606 s
-# (2.0 x NAC's cost per seed-step, with a third process beside the ranks). So an estimate in hours
-# (`nalu-cuda list`) is good to about a factor of 1.5 for the arithmetic tasks; the sequence tasks' cost
-# factors are measured at their paper shapes relative to standard-nac-add (benchmarks/cost_factors.py
-# --sequence, benchmarks/RESULTS.md section 18), to about 25% on a core of its own.
-CPU_UNITS_PER_S = 3.6e4
+# one thread per rank, two ranks (2026-12-03, `torchrun --nproc-per-node 2 -m nalu_cuda reproduce --profile
+# standard`, the static task's native step, other work beside it): standard-nac-add (100 seeds x 5e5 steps)
+# 1037 s and standard-nac-sub 101 s, 4.8e4 and 5.0e4 units/s. (Before the native step: 1396 s, 3.6e4.) So an
+# estimate in hours (`nalu-cuda list`) is good to about a factor of 1.5 for the arithmetic tasks; the
+# sequence tasks' cost factors are their CPU seconds per seed-step in these units, measured at their paper
+# shapes (benchmarks/cost_factors.py --sequence, benchmarks/RESULTS.md sections 18 and 22), to about 25%
+# on a core of its own.
+CPU_UNITS_PER_S = 4.8e4
 
 
 def estimated_hours(cfgs: Sequence[Config], ranks: int = 1) -> float:
@@ -100,8 +104,12 @@ def config_factor(cfg: Config) -> float:
 
 def estimated_cost(cfg: Config) -> float:
     """Seeds x steps x :data:`COST_FACTORS` of the experiment (1 for one not listed) x the model's
-    factor (:func:`config_factor`). A block of seeds costs its share of its configuration's seeds."""
-    return cfg.seeds * cfg.steps * COST_FACTORS.get(cfg.experiment, 1.0) * config_factor(cfg)
+    factor (:func:`config_factor`) x the number of operations it trains (``params["ops"]``: the
+    arithmetic tasks train one member per seed and operation; 1 without). A block of seeds costs its
+    share of its configuration's seeds."""
+    ops = cfg.params.get("ops")
+    n_ops = len(ops) if isinstance(ops, (list, tuple)) and ops else 1
+    return cfg.seeds * cfg.steps * COST_FACTORS.get(cfg.experiment, 1.0) * config_factor(cfg) * n_ops
 
 
 def fmt_hours(h: float) -> str:
