@@ -77,7 +77,7 @@ def model_factor(model: Any) -> float:
 # 1037 s and standard-nac-sub 101 s, 4.8e4 and 5.0e4 units/s. (Before the native step: 1396 s, 3.6e4.) So an
 # estimate in hours (`nalu-cuda list`) is good to about a factor of 1.5 for the arithmetic tasks; the
 # sequence tasks' cost factors are their CPU seconds per seed-step in these units, measured at their paper
-# shapes (benchmarks/cost_factors.py --sequence, benchmarks/RESULTS.md sections 18 and 22), to about 25%
+# shapes (benchmarks/cost_factors.py --sequence, benchmarks/RESULTS.md sections 18, 22 and 23), to about 25%
 # on a core of its own.
 CPU_UNITS_PER_S = 4.8e4
 

@@ -421,10 +421,10 @@ def memory_needs(config: registry.Config) -> List[Need]:
 # Cost per seed-step relative to the static task (costs.estimated_cost), measured with
 # `OMP_NUM_THREADS=1 python benchmarks/cost_factors.py --sequence` (paper configurations, CPU time
 # against static's standard-nac-add in the same run; 2-core shared CPU, 1 thread; benchmarks/RESULTS.md
-# section 18). Per configuration: the programs are about twice as
+# sections 18 and 23). Per configuration: the programs are about twice as
 # long as the additions, and the models differ.
 EXPERIMENT = register_task(__name__, name=NAME, order=70, summarize=interval_summary, cost_factor=100.0,
-                           model_costs={"add-lstm": 2.3, "add-ugrnn": 1.6, "add-nalu": 2.9,
-                                        "program-lstm": 5.5, "program-ugrnn": 2.5, "program-nalu": 4.7},
+                           model_costs={"add-lstm": 2.3, "add-ugrnn": 1.55, "add-nalu": 1.9,
+                                        "program-lstm": 5.55, "program-ugrnn": 2.55, "program-nalu": 5.5},
                            help="program evaluation (Fig. 4): "
                                 "LSTM, UGRNN and LSTM+NALU read code character by character")
