@@ -18,7 +18,10 @@ once the regulariser has started):
   through autograd, train_ensemble's default step); ``E=100 fused-native``: the native one-call
   step (``train_ensemble(native=True)``, ``parts/native_step.py``: forward, loss, backward,
   divergence check and Adam in one native call, each member's batch and targets drawn inside it
-  from the same SFC64 streams, so no background thread).
+  from the same SFC64 streams, so no background thread); ``E=100 fused-native-prefetched``: the
+  same native step on batches the stream draws ahead on its background thread, as the reference
+  rows get theirs (the like-for-like comparison with them: with prefetch, every row but the
+  in-call one also uses a second core for the drawing).
 * ``plain loop``: a minimal single-seed script a user would write (``torch.rand`` batches,
   ``nn.Module`` layers without an ensemble dimension, ``torch.optim.Adam``, no divergence checks),
   to show the baseline is not handicapped by our trainer.
@@ -66,7 +69,7 @@ WARMUP_STEPS = 64  # untimed steps at the start of each measured run (4 chunks o
 
 
 def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: bool = True,
-                  fixed_batch: bool = False, native: bool = False) -> float:
+                  fixed_batch: bool = False, native: bool = False, in_call: bool = True) -> float:
     """Steps per second of train_ensemble for E seeds: `steps` steps timed after a warm-up of the
     same run (by then the data stream has its buffers and one chunk drawn ahead, as in any run of
     more than a few dozen steps; the published protocol runs 5e6)."""
@@ -92,7 +95,7 @@ def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: b
             t0 = time.perf_counter()
         return first if fixed_batch else stream.next()
 
-    if native and not fixed_batch:
+    if native and in_call and not fixed_batch:
         # the native step draws the stream's batches in the call (parts/native_step.py): it asks the
         # stream for its generators once per step instead of calling batch_fn, so the clock starts there
         batch_fn.uniform_stream = stream
@@ -173,6 +176,10 @@ def main(argv=None) -> int:
             f"{E}-fused": lambda: _trainer_rate(model, E, "fused", ens_steps, not args.no_prefetch),
             f"{E}-fused-native": lambda: _trainer_rate(model, E, "fused", ens_steps, not args.no_prefetch,
                                                        native=True),
+            # the native step on batches the stream draws ahead in its own thread, as the reference
+            # rows get theirs (with prefetch; without, on the training thread, before each step)
+            f"{E}-fused-native-prefetched": lambda: _trainer_rate(model, E, "fused", ens_steps, not args.no_prefetch,
+                                                                  native=True, in_call=False),
             # The training math alone (one batch drawn once, reused): what the kernels and optimiser
             # cost without the per-seed random numbers (100 seeds x 128 x 100 uniforms a step).
             "math-1-reference": lambda: _trainer_rate(model, 1, "reference", args.steps, fixed_batch=True),
@@ -194,7 +201,8 @@ def main(argv=None) -> int:
             if key == "plain":
                 label = "1 seed, plain eager loop (user script)"
             else:
-                kind = {"fused": "fused (autograd step)", "fused-native": "fused (native step)"}.get(
+                kind = {"fused": "fused (autograd step)", "fused-native": "fused (native step)",
+                        "fused-native-prefetched": "fused (native step, data drawn ahead)"}.get(
                     k.split("-", 1)[1], k.split("-", 1)[1]) if seeds > 1 else k.split("-", 1)[1]
                 label = f"{seeds} seed{'s' if seeds > 1 else ''}, {kind}" + (" ensemble" if seeds > 1 else "")
             base = meas["math-1-reference"][0] if math_only else baseline

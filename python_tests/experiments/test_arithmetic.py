@@ -221,11 +221,14 @@ def _sum_stream(monkeypatch, native, seeds, shape, rng, weights, ops, steps):
 @needs_native
 @pytest.mark.parametrize("rng", [[1, 2], [-3, 5], [0.1, 0.2]])
 @pytest.mark.parametrize("shape", [(9, 100), (5, 4, 100), (7, 6)])  # static, recurrent, short rows
-def test_sum_targets_native_bit_identical_to_numpy(monkeypatch, rng, shape):
+@pytest.mark.parametrize("halved", [False, True])  # subsets only (plain sums), or weights of 0.5 for two seeds
+def test_sum_targets_native_bit_identical_to_numpy(monkeypatch, rng, shape, halved):
     seeds = [0, 3, 5, 8, 11]  # four generators on AVX2 and one scalar
     I = shape[-1]
     if I >= 50:
         weights = np.stack([ar.subset_layout(s, I).mask().numpy() for s in seeds]).astype(np.float64)
+        if halved:  # weighted sums (products with the weights) for seeds 3 and 11, plain ones for the rest
+            weights[[1, 4]] *= 0.5
     else:  # scattered 0/1 weights and a column of zeros: spans with gaps, and an empty one
         weights = (np.random.default_rng(1).random((len(seeds), I, 2)) < 0.5).astype(np.float64)
         weights[0, :, 1] = 0.0

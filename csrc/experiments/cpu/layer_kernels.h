@@ -10,13 +10,16 @@
 // 0 + 1 + ... in order, then the sum of the remainder columns (taken in increasing i).
 template <typename T>
 struct LanesOf;
+// (`unaligned`: the same vector at the element's alignment, read in place, as immintrin.h's __m256_u)
 template <>
 struct LanesOf<float> {
   typedef float type __attribute__((vector_size(32)));
+  typedef float unaligned __attribute__((vector_size(32), aligned(4), may_alias));
 };
 template <>
 struct LanesOf<double> {
   typedef double type __attribute__((vector_size(32)));
+  typedef double unaligned __attribute__((vector_size(32), aligned(8), may_alias));
 };
 template <typename T>
 using Lanes = typename LanesOf<T>::type;
@@ -25,10 +28,12 @@ template <typename T>
 constexpr int64_t kLanes = static_cast<int64_t>(32 / sizeof(T));
 
 // (an output argument, not a return value: the base build has no AVX, and a 32-byte vector
-// returned there would change the ABI)
+// returned there would change the ABI). One unaligned vector load, always inlined: a memcpy here
+// was copied through the stack in 16-byte halves, which stalled every multiply on its operands'
+// store forwarding and kept the accumulators in memory (RESULTS.md section 24).
 template <typename T>
-inline void load_lanes(Lanes<T>& v, const T* p) {
-  __builtin_memcpy(&v, p, sizeof v);
+inline __attribute__((always_inline)) void load_lanes(Lanes<T>& v, const T* p) {
+  v = *reinterpret_cast<const typename LanesOf<T>::unaligned*>(p);
 }
 
 template <typename T>
@@ -43,7 +48,15 @@ inline T add_lanes(const Lanes<T>& v) {
 template <typename T, int NP, int R>
 void row_dots_block(const T* const* X, const T* const* V, int64_t b0, int64_t B, int64_t In, T* dots) {
   constexpr int64_t L = kLanes<T>;
-  Lanes<T> acc[R][NP] = {};
+  // zeroed element by element: an aggregate `= {}` became a `rep stos` of the whole array on the
+  // stack in every call, about 7% of the NAC's forward (RESULTS.md section 24)
+  Lanes<T> acc[R][NP];
+  T tail[R][NP];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < NP; ++p) {
+      acc[r][p] = Lanes<T>{};
+      tail[r][p] = T(0);
+    }
   int64_t i = 0;
   for (; i + L <= In; i += L) {
     Lanes<T> v[NP];
@@ -55,7 +68,6 @@ void row_dots_block(const T* const* X, const T* const* V, int64_t b0, int64_t B,
         acc[r][p] += x * v[p];
       }
   }
-  T tail[R][NP] = {};
   for (; i < In; ++i)
     for (int r = 0; r < R; ++r)
       for (int p = 0; p < NP; ++p) tail[r][p] += X[p][(b0 + r) * In + i] * V[p][i];
@@ -84,7 +96,8 @@ void col_sums(const T* const* Y, const T* const* c, int64_t cs, const int* into,
   };
   int64_t i = 0;
   for (; i + 2 * L <= In; i += 2 * L) {
-    Lanes<T> acc[NP][2] = {};
+    Lanes<T> acc[NP][2];
+    for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = Lanes<T>{};
     for (int64_t b = 0; b < B; ++b)
       for (int p = 0; p < NP; ++p) {
         const T k = c[p][b * cs];
@@ -103,17 +116,27 @@ void col_sums(const T* const* Y, const T* const* c, int64_t cs, const int* into,
   // the columns left (fewer than 2 L: the narrow inputs of a recurrent cell are nothing else): one
   // block of L, then the rest side by side; every column's sum is over b in increasing order from
   // 0, as in the blocks above (the same bits whichever path a column takes)
-  if (i + L <= In) {
-    Lanes<T> acc[NP] = {};
+  // (and where fewer than L columns are left of a row of at least L: the last L columns, of which
+  // only the ones left are stored, the others were stored above with the same bits)
+  auto block = [&](int64_t i0, int64_t from) {
+    Lanes<T> acc[NP];
+    for (int p = 0; p < NP; ++p) acc[p] = Lanes<T>{};
     for (int64_t b = 0; b < B; ++b)
       for (int p = 0; p < NP; ++p) {
         Lanes<T> y;
-        load_lanes(y, Y[p] + b * In + i);
+        load_lanes(y, Y[p] + b * In + i0);
         acc[p] += y * c[p][b * cs];
       }
     for (int p = 0; p < NP; ++p)
-      for (int64_t l = 0; l < L; ++l) store(p, i + l, acc[p][l]);
+      for (int64_t l = from; l < L; ++l) store(p, i0 + l, acc[p][l]);
+  };
+  if (i + L <= In) {
+    block(i, 0);
     i += L;
+  }
+  if (i < In && In >= L) {
+    block(In - L, i - (In - L));
+    return;
   }
   const int64_t r = In - i;
   T acc[NP][L] = {};

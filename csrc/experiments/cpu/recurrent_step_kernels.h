@@ -44,8 +44,8 @@ RecurrentParams<T> recurrent_params(const RecurrentArgs& a, T* param, T* grad, c
 }
 
 template <typename T>
-inline void store_lanes(T* p, const Lanes<T>& v) {
-  __builtin_memcpy(p, &v, sizeof v);
+inline __attribute__((always_inline)) void store_lanes(T* p, const Lanes<T>& v) {
+  *reinterpret_cast<typename LanesOf<T>::unaligned*>(p) = v;  // as load_lanes (layer_kernels.h)
 }
 
 // V rows of V values each (V = kLanes: 8 floats, 4 doubles) transposed in place, r[l][k] <- r[k][l]:
