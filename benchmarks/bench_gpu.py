@@ -360,24 +360,30 @@ class Run:
         stream = CounterStream(seeds, (B, I), Range(((1.0, 2.0),)), device=self.device, masks=masks, ops=("add",))
         xv = torch.rand(256, I, generator=g, device=self.device) + 1
         val = EvalSet("valid", xv, torch.bmm(xv.unsqueeze(0).expand(E, 256, I), masks.to(self.device)).sum(-1, keepdim=True))
-        for graph in (False, True):
-            if self.out_of_time(f"training resident graph={graph}", need=30):
-                return
-            model = build_static_model("nalu", I, 2, ensemble=E)
-            model.reset_parameters(member_generators(seeds))
-            model.to(self.device)
-            warm = train_ensemble(model, E, stream.draw, 10, val, eval_every=10, resident=True, graph=graph)
-            model = build_static_model("nalu", I, 2, ensemble=E)
-            model.reset_parameters(member_generators(seeds))
-            model.to(self.device)
-            res = train_ensemble(model, E, stream.draw, steps, val, eval_every=steps, resident=True, graph=graph)
-            rate = steps / res.wall_s
-            self.add("training", unit="nalu -> nalu", shape=f"E={E} B={B} I={I}", mode=f"{steps} steps",
-                     provider="train_ensemble, resident step, " + (("CUDA graph" if str(self.device).startswith("cuda")
-                                                                    else "graph asked (no graphs on a CPU: eager)")
-                                                                   if graph else "eager"),
-                     steps_per_s=rate, seed_steps_per_s=rate * E, median_us=1e6 / rate,
-                     diverged=int(res.diverged.sum()), warmup_s=warm.wall_s)
+        # native: the gradient from static_ensemble_grad's CUDA kernel (one block per member) instead of
+        # autograd ("resident-native"; on a CPU the trainer keeps the autograd resident step)
+        for native in (False, True):
+            for graph in (False, True):
+                if self.out_of_time(f"training resident graph={graph} native={native}", need=30):
+                    return
+                model = build_static_model("nalu", I, 2, ensemble=E)
+                model.reset_parameters(member_generators(seeds))
+                model.to(self.device)
+                warm = train_ensemble(model, E, stream.draw, 10, val, eval_every=10, resident=True, graph=graph,
+                                      native=native)
+                model = build_static_model("nalu", I, 2, ensemble=E)
+                model.reset_parameters(member_generators(seeds))
+                model.to(self.device)
+                res = train_ensemble(model, E, stream.draw, steps, val, eval_every=steps, resident=True, graph=graph,
+                                     native=native)
+                rate = steps / res.wall_s
+                where = (("CUDA graph" if str(self.device).startswith("cuda") else "graph asked (no graphs on a CPU: "
+                          "eager)") if graph else "eager")
+                self.add("training", unit="nalu -> nalu", shape=f"E={E} B={B} I={I}", mode=f"{steps} steps",
+                         provider=f"train_ensemble, resident step{' (native gradient kernel)' if native else ''}, "
+                                  + where,
+                         steps_per_s=rate, seed_steps_per_s=rate * E, median_us=1e6 / rate,
+                         diverged=int(res.diverged.sum()), warmup_s=warm.wall_s)
 
     def stage_compile(self):
         for shape_name in ("paper", "ensemble"):

@@ -12,7 +12,9 @@
 #   build        setup.py build_ext --inplace for the local GPU's architecture        (limit 170 s)
 #   kernels      .ci/check_cuda_build.py: every op has a CUDA kernel                   (limit 20 s)
 #   tests        python_tests/test_cuda.py without the torch.compile cases, incl. CUDA-graph capture
-#                and replay and the > 2^31-element cases; --maxfail=50 -rfE            (limit 110 s)
+#                and replay and the > 2^31-element cases, and test_native_step_cuda.py (the static
+#                task's gradient kernel, the trainer's native resident step in a graph);
+#                --maxfail=50 -rfE                                                (limit 110 s)
 #   sanitizer    compute-sanitizer memcheck and racecheck on one rowwise-path forward and backward,
 #                when the tool is there                                          (limit 2 x 40 s)
 #   bench        benchmarks/bench_gpu.py: copy bandwidth, ops (per call and graph replay), the
@@ -132,7 +134,8 @@ else
 fi
 
 # ---- tests (the torch.compile cases come last, in the compile stage) ---------------------------
-PYTEST=("$PY" -m pytest python_tests/test_cuda.py -q -p no:cacheprovider --maxfail=50 -rfE)
+PYTEST=("$PY" -m pytest python_tests/test_cuda.py python_tests/test_native_step_cuda.py -q -p no:cacheprovider
+        --maxfail=50 -rfE)
 if [ "$DRY" = 1 ]; then
   run_boxed tests "$(limit 100)" "$OUT_DIR/tests.log" "${PYTEST[@]}" -k "not compile" --collect-only
 else

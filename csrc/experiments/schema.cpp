@@ -1,7 +1,9 @@
 // schema.cpp: the dispatcher ops of the experiments' native helpers (not layers: no autocast).
 // flat_adam_step_resident, the resident Adam step of the experiments' FlatAdam: a CUDA kernel only
 // (cuda/flat_adam_cuda.cpp). static_ensemble_grad and static_ensemble_step, the static task's whole
-// training step in one call: CPU kernels only (cpu/ensemble_step.cpp); recurrent_ensemble_grad and
+// training step in one call: CPU kernels (cpu/ensemble_step.cpp), and static_ensemble_grad also a CUDA
+// kernel (cuda/ensemble_step_cuda.cpp: segments stays on the CPU there; the CUDA step is it and
+// flat_adam_step_resident, native_step.py); recurrent_ensemble_grad and
 // recurrent_ensemble_step (and recurrent_ensemble_step_drawn, the batch drawn in the call), the
 // recurrent task's (cpu/recurrent_step.cpp); lstm_sequence_forward and lstm_sequence_backward, the
 // sequence tasks' ensemble LSTM over a whole sequence (cpu/lstm_sequence.cpp). On any other device, or in a
@@ -37,7 +39,8 @@ constexpr const char* kSchemas[] = {
   // G; NAU, NMU: W), the hidden size read from them. Per member: the forward, the MSE (returned, (E,)
   // in x's dtype), diverged |= the objective (MSE + penalty) is not finite, and the gradient of the
   // objective written over the member's part of grad (zero upstream for a diverged member, as
-  // train_ensemble's eager step). Members are split over the intra-op threads, each whole on one.
+  // train_ensemble's eager step). Members are split over the intra-op threads, each whole on one. On
+  // CUDA (x on the GPU, segments a CPU tensor) one block per member, one launch, nothing read back.
   "static_ensemble_grad(Tensor x, Tensor target, Tensor param, Tensor(a!) grad, Tensor segments,"
       " Tensor(b!) diverged, str model, float eps, float reg_weight) -> Tensor",
   // static_ensemble_grad, then FlatAdam's fused CPU step (flat_adam_step, at step count `step`) with
@@ -132,8 +135,16 @@ at::Tensor flat_adam_step_resident_unsupported(const at::Tensor& param, const at
 at::Tensor static_ensemble_grad_unsupported(const at::Tensor& x, const at::Tensor& target, const at::Tensor& param,
                                             const at::Tensor& grad, const at::Tensor& segments,
                                             const at::Tensor& diverged, c10::string_view, double, double) {
-  static_step_unsupported("static_ensemble_grad", {{"x", &x}, {"target", &target}, {"param", &param},
-                          {"grad", &grad}, {"segments", &segments}, {"diverged", &diverged}});
+  TORCH_CHECK(false, "static_ensemble_grad: the tensor arguments must all be CPU tensors (the CPU kernel), or x, "
+              "target, param, grad and diverged CUDA tensors with segments on the CPU (the CUDA kernel), got x on ",
+              x.device(), ", target on ", target.device(), ", param on ", param.device(), ", grad on ", grad.device(),
+              ", segments on ", segments.device(), ", diverged on ", diverged.device(),
+#ifdef NALU_CUDA_WITH_CUDA
+              ""
+#else
+              " (and this build of nalu_cuda has no CUDA kernels: it was built without CUDA)"
+#endif
+  );
 }
 
 at::Tensor static_ensemble_step_unsupported(const at::Tensor& x, const at::Tensor& target, const at::Tensor& param,

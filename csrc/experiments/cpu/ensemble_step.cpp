@@ -19,6 +19,7 @@
 #include "experiments/cpu/fp_contract.h"
 #include "experiments/cpu/uniform_fill.h"
 #include "ops/nac_nalu/math.h"
+#include "ops/nau_nmu/math.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -41,22 +42,6 @@ NALU_FP_CONTRACT_OFF
 namespace nalu_cuda {
 namespace training {
 namespace {
-
-enum class Model { kNac, kNalu, kNmu };
-
-Model model_from_name(const std::string& op, const std::string& name) {
-  if (name == "nac") return Model::kNac;
-  if (name == "nalu") return Model::kNalu;
-  if (name == "nmu") return Model::kNmu;
-  TORCH_CHECK(false, op, ": argument 'model' must be one of 'nac' (NAC+ -> NAC+), 'nalu' (NALU -> NALU, tied "
-              "weights, input gate) or 'nmu' (NAU -> NMU), got '", name, "'");
-}
-
-// The layer kinds of a model, first and second layer.
-void layer_kinds(Model m, Kind* first, Kind* second) {
-  *first = m == Model::kNac ? Kind::kNac : m == Model::kNalu ? Kind::kNalu : Kind::kNau;
-  *second = m == Model::kNac ? Kind::kNac : m == Model::kNalu ? Kind::kNalu : Kind::kNmu;
-}
 
 // The scalar arguments of one call, checked.
 struct StepArgs {
@@ -123,8 +108,7 @@ void check_params(const char* op, StepArgs& a, at::ScalarType dtype, const std::
   std::vector<int64_t> want(P, a.H);
   std::fill(want.begin(), want.begin() + params_per_layer(a.kinds[0]), a.I * a.H);
   check_segment_rows(op, segments, param.numel(), a.E, want, c10::str("I = ", a.I, ", hidden ", a.H));
-  TORCH_CHECK(std::isfinite(reg_weight) && reg_weight >= 0.0 && (reg_weight == 0.0 || a.model == Model::kNmu), op,
-              ": argument 'reg_weight' must be 0 (or, for model 'nmu', a finite number >= 0), got ", reg_weight);
+  check_reg_weight(op, a.model, reg_weight);
   a.eps = eps;
   a.reg_weight = reg_weight;
 }

@@ -3,30 +3,15 @@
 // after layer_kernels.h (the layers) and every header it needs: so no include guard and no
 // includes here.
 
-// Madsen's sparsity term of a NAU (mean(min(|W|, 1 - |W|))) or NMU (mean(min(|W|, |1 - W|))), on
-// the parameter W as stored (the published runs keep it in range by the projection).
+// Madsen's sparsity term of a NAU or NMU weight and its derivative (csrc/ops/nau_nmu/math.h).
 template <typename T>
 T sparsity_term(Kind kind, T w) {
-  const T aw = w < T(0) ? -w : w;
-  if (kind == Kind::kNau) return aw < T(1) - aw ? aw : T(1) - aw;
-  const T om = T(1) - w < T(0) ? w - T(1) : T(1) - w;
-  return aw < om ? aw : om;
+  return kind == Kind::kNau ? math::nau_sparsity(w) : math::nmu_sparsity(w);
 }
 
-
-// d/dW of the sparsity term (torch.minimum's gradient: half to each side on a tie; abs: sign, 0 at 0).
 template <typename T>
 T sparsity_grad(Kind kind, T w) {
-  const T sw = w > T(0) ? T(1) : (w < T(0) ? T(-1) : T(0));
-  const T aw = w < T(0) ? -w : w;
-  if (kind == Kind::kNau) {
-    const T other = T(1) - aw;
-    return aw < other ? sw : (aw > other ? -sw : T(0));
-  }
-  const T v = T(1) - w;
-  const T sv = v > T(0) ? T(1) : (v < T(0) ? T(-1) : T(0));
-  const T om = v < T(0) ? -v : v;
-  return aw < om ? sw : (aw > om ? -sv : T(0.5) * (sw - sv));
+  return kind == Kind::kNau ? math::nau_sparsity_grad(w) : math::nmu_sparsity_grad(w);
 }
 
 // The sparsity regulariser of one layer (NAU, NMU; 0 for the others): its mean over W, and with

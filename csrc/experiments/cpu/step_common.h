@@ -26,6 +26,29 @@ enum class Kind { kNac, kNalu, kNau, kNmu };
 // NAC W_hat, M_hat; NALU W_hat, M_hat, G; NAU and NMU W.
 inline int params_per_layer(Kind k) { return k == Kind::kNac ? 2 : k == Kind::kNalu ? 3 : 1; }
 
+// The static task's two-layer models (the ops' argument 'model').
+enum class Model { kNac, kNalu, kNmu };
+
+inline Model model_from_name(const std::string& op, const std::string& name) {
+  if (name == "nac") return Model::kNac;
+  if (name == "nalu") return Model::kNalu;
+  if (name == "nmu") return Model::kNmu;
+  TORCH_CHECK(false, op, ": argument 'model' must be one of 'nac' (NAC+ -> NAC+), 'nalu' (NALU -> NALU, tied "
+              "weights, input gate) or 'nmu' (NAU -> NMU), got '", name, "'");
+}
+
+// The layer kinds of a model, first and second layer.
+inline void layer_kinds(Model m, Kind* first, Kind* second) {
+  *first = m == Model::kNac ? Kind::kNac : m == Model::kNalu ? Kind::kNalu : Kind::kNau;
+  *second = m == Model::kNac ? Kind::kNac : m == Model::kNalu ? Kind::kNalu : Kind::kNmu;
+}
+
+// The sparsity regulariser's weight: 0, or for the NMU model a finite number >= 0.
+inline void check_reg_weight(const char* op, Model model, double reg_weight) {
+  TORCH_CHECK(std::isfinite(reg_weight) && reg_weight >= 0.0 && (reg_weight == 0.0 || model == Model::kNmu), op,
+              ": argument 'reg_weight' must be 0 (or, for model 'nmu', a finite number >= 0), got ", reg_weight);
+}
+
 inline std::string describe(const at::Tensor& t) {
   if (!t.defined()) return "an undefined tensor";
   std::ostringstream s;

@@ -39,6 +39,38 @@ NALU_HD A nmu_dfactor_dw(A /*w*/, A x) {
   return x - A(1);
 }
 
+// Madsen & Johansen's sparsity regulariser, per weight, on the parameter W as stored (the published
+// runs keep it in range by the projection): NAU min(|W|, 1 - |W|), NMU min(|W|, |1 - W|), and their
+// derivatives d/dW (torch.minimum's gradient: half to each side on a tie; abs: sign, 0 at 0). The
+// static task's native training steps (csrc/experiments/: CPU and CUDA) train with them.
+template <typename A>
+NALU_HD A nau_sparsity(A w) {
+  const A aw = w < A(0) ? -w : w;
+  return aw < A(1) - aw ? aw : A(1) - aw;
+}
+template <typename A>
+NALU_HD A nmu_sparsity(A w) {
+  const A aw = w < A(0) ? -w : w;
+  const A om = A(1) - w < A(0) ? w - A(1) : A(1) - w;
+  return aw < om ? aw : om;
+}
+template <typename A>
+NALU_HD A nau_sparsity_grad(A w) {
+  const A sw = w > A(0) ? A(1) : (w < A(0) ? A(-1) : A(0));
+  const A aw = w < A(0) ? -w : w;
+  const A other = A(1) - aw;
+  return aw < other ? sw : (aw > other ? -sw : A(0));
+}
+template <typename A>
+NALU_HD A nmu_sparsity_grad(A w) {
+  const A sw = w > A(0) ? A(1) : (w < A(0) ? A(-1) : A(0));
+  const A aw = w < A(0) ? -w : w;
+  const A v = A(1) - w;
+  const A sv = v > A(0) ? A(1) : (v < A(0) ? A(-1) : A(0));
+  const A om = v < A(0) ? -v : v;
+  return aw < om ? sw : (aw > om ? -sv : A(0.5) * (sw - sv));
+}
+
 
 }  // namespace math
 }  // namespace nalu_cuda

@@ -37,6 +37,14 @@ seed's members of every op on it (where ``batch_fn`` would repeat it per op). Va
 had drawn already (the rest of a chunk, the chunk drawn ahead) are used first, through ``batch_fn``.
 Otherwise (float64 models, a union of ranges, a batch of an odd number of values, another
 ``batch_fn``) the step takes ``batch_fn``'s batches as before.
+
+On CUDA (the resident step, ``train_ensemble(resident=True, native=True)``, which the static task
+runs on a GPU): :func:`native_resident_step` takes the gradient from ``nalu_cuda::static_ensemble_grad``'s
+CUDA kernel (``csrc/experiments/cuda/ensemble_step_kernels.cu``, one block per member) instead of
+autograd, then FlatAdam's resident CUDA step and the projection: three launches and nothing read
+back, which ``graph=True`` captures as one CUDA graph. Its numbers are the autograd resident step's
+to float rounding (``python_tests/test_native_step_cuda.py``; its kernel is checked on the CUDA
+emulator without a GPU).
 """
 from __future__ import annotations
 
@@ -47,8 +55,8 @@ import torch
 import nalu_cuda
 from nalu_cuda import _ops
 
-__all__ = ["NATIVE_MODELS", "RECURRENT_NATIVE_MODELS", "native_step", "model_layers", "recurrent_layers",
-           "in_call_stream"]
+__all__ = ["NATIVE_MODELS", "RECURRENT_NATIVE_MODELS", "native_step", "native_resident_step", "model_layers",
+           "recurrent_layers", "in_call_stream"]
 
 # model name -> the layer classes of its two layers
 NATIVE_MODELS = {"nac": ("NAC", "NAC"), "nalu": ("NALU", "NALU"), "nmu": ("NAU", "NMU")}
@@ -117,6 +125,25 @@ def _plain_adam(opt, E: int) -> bool:
     return fused is not None and fused[2] is None and fused[3] == 0.0
 
 
+def _trains_exactly(model, opt) -> bool:
+    """``opt`` trains exactly ``model``'s parameters, in float32 or float64, and no hook sees them."""
+    params = list(model.parameters())
+    return (opt.flat.dtype in (torch.float32, torch.float64) and not _hooked(model) and len(params) == len(opt.params)
+            and all(a is b for a, b in zip(params, opt.params)))
+
+
+def _overridden(training, base: type, step_hook: str) -> bool:
+    """Whether ``training``'s class overrides one of the trainer's hooks a native step replaces."""
+    return any(getattr(type(training), hook) is not getattr(base, hook)
+               for hook in ("training_loss", "loss_penalty", "clip_gradients", "after_step", "gradients", step_hook))
+
+
+def _model_eps(name: str, layers) -> Optional[float]:
+    """The NALU's eps (one for both layers, else None: the native steps take one), 0 for the others."""
+    eps = float(getattr(layers[0], "eps", 0.0))
+    return None if name == "nalu" and layers[1].eps != eps else eps
+
+
 def native_step(training, base: type) -> Optional[Callable[[int], None]]:
     """The native step of an :class:`~.training.EnsembleTraining` (a function of the step), or None
     where it does not apply (see the module docstring). ``base`` is ``EnsembleTraining`` itself
@@ -132,16 +159,13 @@ def native_step(training, base: type) -> Optional[Callable[[int], None]]:
             or not _ops.has_kernel("cpu", kernel) or getattr(model, "ensemble", None) != E):
         return None
     name, layers = found
-    params = list(model.parameters())
-    if (opt.flat.device.type != "cpu" or opt.flat.dtype not in (torch.float32, torch.float64) or _hooked(model)
-            or len(params) != len(opt.params) or any(a is not b for a, b in zip(params, opt.params))
-            or not _plain_adam(opt, E) or not _units_match(name, model, o.units)):
+    if (opt.flat.device.type != "cpu" or not _trains_exactly(model, opt) or not _plain_adam(opt, E)
+            or not _units_match(name, model, o.units)):
         return None
-    for hook in ("training_loss", "loss_penalty", "clip_gradients", "after_step", "gradients", "eager_step"):
-        if getattr(type(training), hook) is not getattr(base, hook):
-            return None
-    eps = float(getattr(layers[0], "eps", 0.0))
-    if name == "nalu" and layers[1].eps != eps:
+    if _overridden(training, base, "eager_step"):
+        return None
+    eps = _model_eps(name, layers)
+    if eps is None:
         return None
     segments = opt._native_step(E)[1]
     if kernel == "recurrent_ensemble_step":
@@ -165,6 +189,51 @@ def native_step(training, base: type) -> Optional[Callable[[int], None]]:
                       training.diverged, training.any_diverged, name, eps, weight, opt.lr, opt.beta1, opt.beta2,
                       opt.eps, opt.step_count)
         training.loss_acc.add_(loss.double())
+
+    return step
+
+
+def native_resident_step(training, base: type) -> Optional[Callable[[Optional[int]], None]]:
+    """The static task's resident step on CUDA as native kernels (a function of the step, None
+    under a CUDA graph), or None where it does not apply: :meth:`~.training.EnsembleTraining.resident_step`
+    for the models of :data:`NATIVE_MODELS` with the gradient from ``nalu_cuda::static_ensemble_grad``'s
+    CUDA kernel (one block per member: the forward through both layers, the MSE, the objective's
+    finiteness, the backward into the flat gradient buffer) instead of autograd, then FlatAdam's
+    resident step (``flat_adam_step_resident``) and, for the NMU model, the projection. Nothing is
+    read back to the host, so ``graph=True`` captures the whole step as one CUDA graph. The same
+    conditions as :func:`native_step` (on CUDA, with the CUDA kernels built; a NMU model's regulariser
+    schedule needs the step, so under a graph it keeps the autograd step, as the trainer's graph
+    does); ``python_tests/test_native_step_cuda.py`` tests it against the autograd resident step."""
+    from .optim import FlatAdam
+
+    o, model, opt, E = training.options, training.model, training.opt, training.E
+    found = model_layers(model)
+    if (found is None or not o.step.native or not o.step.resident or o.data.batch_fn is None
+            or type(opt) is not FlatAdam or getattr(model, "ensemble", None) != E or not opt.flat.is_cuda
+            or not _ops.has_kernel("cuda", "static_ensemble_grad") or opt._resident_native(E) is None):
+        return None
+    name, layers = found
+    if not _trains_exactly(model, opt) or not _units_match(name, model, o.units):
+        return None
+    schedule = getattr(o.units.regularizer, "native_sparsity", (None, None))[1]
+    eps = _model_eps(name, layers)
+    if eps is None or _overridden(training, base, "resident_step") or (o.step.graph and schedule is not None):
+        return None
+    segments = opt.member_segments(E)  # on the host: the kernel's launch arguments
+    project = o.units.project
+    op = torch.ops.nalu_cuda.static_ensemble_grad
+
+    def step(k: Optional[int]) -> None:
+        weight = float(schedule.weight(k)) if schedule is not None else 0.0
+        x, target = o.data.batch_fn(training.data_step)
+        loss = op(x.contiguous(), target.contiguous(), opt.flat, opt.grad, segments, training.diverged, name, eps,
+                  weight)
+        training.diverged.bitwise_or_(opt.step_resident(training.diverged))
+        if project is not None:
+            with torch.no_grad():
+                project()
+        training.loss_acc.add_(loss.double())
+        training.data_step.add_(1)
 
     return step
 

@@ -164,6 +164,12 @@ class FlatAdam:
         else:
             self.flat.addcdiv_(self.exp_avg * self.lr_flat, denom, value=-1.0 / bc1)
 
+    def member_segments(self, E: int, device=None) -> Tensor:
+        """The ``(P, 2)`` int64 rows ``(offset, per-member size)`` of the parameters in the flat
+        buffers, each an ``(E, ...)`` block (the native steps' and fused kernels' ``segments``); on
+        the CPU unless ``device`` says otherwise."""
+        return torch.tensor([[off, k // E] for off, k, _ in self._views], dtype=torch.long, device=device)
+
     def _native_step(self, E: int):
         """The fused CPU step (csrc/experiments/cpu/flat_adam.cpp), the (offset, per-member size) of
         every parameter, the members' learning rates (or None: one for all) and the clip (0: none),
@@ -180,8 +186,7 @@ class FlatAdam:
                     and (self.clip is None or (E == self.ensemble and 0 < self.clip < math.inf))
                     and (lr_member is None or lr_member.numel() == E)
                     and all(len(s) and s[0] % E == 0 for _, _, s in self._views)):
-                native = (fn, torch.tensor([[off, k // E] for off, k, _ in self._views], dtype=torch.long),
-                          lr_member, 0.0 if self.clip is None else float(self.clip))
+                native = (fn, self.member_segments(E), lr_member, 0.0 if self.clip is None else float(self.clip))
             self._segments = (E, native)
         return self._segments[1]
 
@@ -247,9 +252,7 @@ class FlatAdam:
                     and self.clip is None and all(len(s) and s[0] % E == 0 for _, _, s in self._views)
                     and _ops.has_kernel("cuda", "flat_adam_step_resident")):
                 fn = getattr(_ops.fast, "flat_adam_step_resident", None) or _ops.ops.flat_adam_step_resident
-                segs = torch.tensor([[off, k // E] for off, k, _ in self._views], dtype=torch.long,
-                                    device=self.flat.device)
-                native = (fn, segs)
+                native = (fn, self.member_segments(E, self.flat.device))
             self._resident = (key, native)
         return self._resident[1]
 

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from ..integrity import CheckpointState
 from ..registry import Context
-from .native_step import native_step
+from .native_step import native_resident_step, native_step
 from .optim import FlatAdam
 
 __all__ = ["EvalSet", "TrainResult", "train_ensemble", "evaluate_mse", "progress_bar", "BestState",
@@ -308,6 +308,8 @@ class StepOptions:
     step (not resident) is one native call (``nalu_cuda::static_ensemble_step``,
     ``recurrent_ensemble_step``) instead of the autograd step; the same numbers up to float rounding
     (``python_tests/test_native_step.py``, ``test_recurrent_native_step.py`` state the tolerances).
+    With ``resident`` on CUDA, the static task's models take the gradient from a CUDA kernel instead
+    of autograd (:func:`.native_step.native_resident_step`, ``step_path`` "resident-native").
     Off by default here (the autograd step, :meth:`EnsembleTraining.eager_step`, is the library's
     reference); the static and recurrent tasks turn it on by default (``--autograd-step`` turns it
     off): faster for the static task's three models (benchmarks/RESULTS.md, section 20), for the
@@ -402,7 +404,7 @@ class EnsembleTraining:
         self.diverged = torch.zeros(E, dtype=torch.bool, device=dev)
         self.no_member = torch.zeros(E, dtype=torch.bool, device=dev)
         self.any_diverged = False
-        self.step_path: Optional[str] = None  # set by run(): "native", "autograd" or "resident"
+        self.step_path: Optional[str] = None  # set by run(): "native", "autograd", "resident" or "resident-native"
         self.best = BestState(self.model, E, dtype=torch.float64)
         self.solved_at = torch.full((E,), -1, dtype=torch.long)
         self.history: Dict[str, List[List[float]]] = {"loss": [], self.val_name: []}
@@ -591,9 +593,10 @@ class EnsembleTraining:
             step = native_step(self, EnsembleTraining)
             self.step_path = "autograd" if step is None else "native"
             return self.eager_step if step is None else step
-        self.step_path = "resident"
         self.data_step = torch.full((), self.start + 1, dtype=torch.int64, device=self.dev)
-        return _ResidentStep(self.resident_step, s.graph and self.dev.type == "cuda")
+        body = native_resident_step(self, EnsembleTraining)
+        self.step_path = "resident" if body is None else "resident-native"
+        return _ResidentStep(self.resident_step if body is None else body, s.graph and self.dev.type == "cuda")
 
     def end_window(self, step: int) -> None:
         """At an evaluation step: the window's mean losses, re-initialisation, evaluation."""
