@@ -82,6 +82,36 @@ def test_native_step_matches_autograd(name, dtype, atol):
     assert_trainings_match(*_pair(name, dtype, batches), dtype, atol, STEPS)
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_native_resident_step_logic_on_the_cpu(name, monkeypatch):
+    """The resident step with the gradient kernel (native_step.native_resident_step, CUDA's path) run
+    on the CPU, whose static_ensemble_grad kernel does the same work: the step's own logic (the
+    device step counter, the flags, FlatAdam's resident step, the projection, the regulariser's
+    schedule, the loss sums) against the autograd resident step, float64."""
+    from nalu_cuda.experiments.parts import native_step
+
+    monkeypatch.setattr(native_step, "RESIDENT_NATIVE_DEVICES", ("cuda", "cpu"))
+    dtype = torch.float64
+    batches = _batches(dtype)
+
+    def train(native):
+        model = _model(name, dtype)
+        xv = torch.rand(8, I, dtype=dtype) + 1
+        val = EvalSet("valid", xv, torch.zeros(E, 8, 1, dtype=dtype))
+        hooks = _nmu_hooks(model) if name == "nmu" else {}
+        options = TrainOptions(data=DataOptions(batch_fn=lambda k: batches[int(k)]),
+                               evaluation=EvalOptions(val=val, eval_every=5), optim=OptimOptions(lr=1e-3),
+                               units=UnitHooks(**hooks), step=StepOptions(resident=True, native=native))
+        training = EnsembleTraining(model, E, STEPS, options)
+        return model, training, training.run()
+
+    native, autograd = train(True), train(False)
+    assert (native[1].step_path, autograd[1].step_path) == ("resident-native", "resident")
+    for _, training, _ in (native, autograd):
+        training.opt.sync_step_count()  # (the resident step counts on the device)
+    assert_trainings_match(native, autograd, dtype, 1e-10, STEPS)
+
+
 def assert_trainings_match(native, autograd, dtype, atol, steps):
     """The native training ``(model, training, result)`` against the autograd one: parameters within
     ``atol``, no divergence, the same window losses and Adam moments up to rounding."""

@@ -58,6 +58,9 @@ from nalu_cuda import _ops
 __all__ = ["NATIVE_MODELS", "RECURRENT_NATIVE_MODELS", "native_step", "native_resident_step", "model_layers",
            "recurrent_layers", "in_call_stream"]
 
+# The devices whose resident step takes static_ensemble_grad (a test adds "cpu", whose kernel does
+# the same work, to check the step's logic without a GPU).
+RESIDENT_NATIVE_DEVICES = ("cuda",)
 # model name -> the layer classes of its two layers
 NATIVE_MODELS = {"nac": ("NAC", "NAC"), "nalu": ("NALU", "NALU"), "nmu": ("NAU", "NMU")}
 # the recurrent task's models (RecurrentNet): model name -> the class of its cell and output layer
@@ -208,9 +211,10 @@ def native_resident_step(training, base: type) -> Optional[Callable[[Optional[in
 
     o, model, opt, E = training.options, training.model, training.opt, training.E
     found = model_layers(model)
+    dev = opt.flat.device.type
     if (found is None or not o.step.native or not o.step.resident or o.data.batch_fn is None
-            or type(opt) is not FlatAdam or getattr(model, "ensemble", None) != E or not opt.flat.is_cuda
-            or not _ops.has_kernel("cuda", "static_ensemble_grad") or opt._resident_native(E) is None):
+            or type(opt) is not FlatAdam or getattr(model, "ensemble", None) != E or dev not in RESIDENT_NATIVE_DEVICES
+            or not _ops.has_kernel(dev, "static_ensemble_grad")):
         return None
     name, layers = found
     if not _trains_exactly(model, opt) or not _units_match(name, model, o.units):
