@@ -46,11 +46,13 @@ def main() -> int:
     forward_ops = {"nac_weight", "nac_forward", "nac_mul_forward", "nalu_forward"}
     for op in sorted(set(schema_ops) | known):
         if op in _ops.TRAINING_OP_NAMES:
-            # each for one device: flat_adam_step_resident CUDA (FlatAdam uses tensor ops elsewhere),
+            # each for its devices: flat_adam_step_resident CUDA (FlatAdam uses tensor ops elsewhere),
             # the static and recurrent steps CPU (static_ensemble_*, recurrent_ensemble_*, the in-call
             # draws static_ensemble_step_drawn and recurrent_ensemble_step_drawn included; on CUDA the
-            # resident step; the ensemble LSTM lstm_sequence_*, whose CUDA version is torch ops)
+            # resident step; the ensemble LSTM lstm_sequence_*, whose CUDA version is torch ops), the
+            # static gradient step both (static_ensemble_grad) and its in-kernel draw CUDA only
             keys = ["CPU"] if op.startswith(("static_ensemble_", "recurrent_ensemble_", "lstm_sequence_")) else ["CUDA"]
+            keys = {"static_ensemble_grad": ["CPU", "CUDA"], "static_ensemble_grad_counter": ["CUDA"]}.get(op, keys)
         else:
             keys = ["CUDA", "CPU", "AutocastCUDA"] + (["Autograd"] if op in forward_ops else [])
         for key in keys:

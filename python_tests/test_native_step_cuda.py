@@ -77,9 +77,15 @@ def _flat(ps):
     flat = torch.cat([p.reshape(-1) for p in ps])
     rows, off = [], 0
     for p in ps:
-        rows.append([off, p.numel() // E])
+        rows.append([off, p.numel() // p.shape[0]])
         off += p.numel()
     return flat, torch.tensor(rows, dtype=torch.long)
+
+
+def _flat_n(ps):
+    """_flat's buffer on the device (segments stay on the host)."""
+    flat, segments = _flat(ps)
+    return flat.to(DEV), segments
 
 
 def _reference(name, ps, x, t, weight, diverged):
@@ -150,6 +156,64 @@ def test_a_nonfinite_member_is_flagged_and_the_others_are_not_touched(name):
             torch.testing.assert_close(grad[off + e * per: off + (e + 1) * per],
                                        want_grad[off + e * per: off + (e + 1) * per], **TOL[dtype])
     torch.testing.assert_close(loss[[0, 2, 3]], want_loss[[0, 2, 3]], **TOL[dtype])
+
+
+# -- the batch drawn in the kernel (static_ensemble_grad_counter) ---------------------------------------------
+
+
+def _counter_case(ops, lo, hi, step, name="nalu", S=3, seed=11):
+    """A CounterStream over S seeds (subset masks, ``ops``) and a model of S * len(ops) members."""
+    from nalu_cuda.experiments.parts.arithmetic_data import Range, subset_layout
+    from nalu_cuda.experiments.parts.counter_stream import CounterStream
+
+    masks = torch.stack([subset_layout(s, I, 0.25, 0.5).mask() for s in range(S)]).double()
+    stream = CounterStream(list(range(seed, seed + S)), (B, I), Range(((lo, hi),)), device=DEV, masks=masks, ops=ops)
+    g = torch.Generator().manual_seed(seed)
+    E_ = S * len(ops)
+    shapes = {"nac": [(I, H)] * 2 + [(H, 1)] * 2, "nalu": [(I, H)] * 3 + [(H, 1)] * 3}[name]
+    ps = [(torch.randn(E_, *sh, generator=g, dtype=torch.float64) * 0.3).float() for sh in shapes]
+    return stream, ps, torch.tensor(step, dtype=torch.int64, device=DEV)
+
+
+@pytest.mark.parametrize("name", ("nac", "nalu"))
+@pytest.mark.parametrize("ops,lo,hi,step", [(("add",), 1.0, 2.0, 5), (("add", "mul", "div"), -3.0, 5.0, 7 + 2 ** 33)])
+def test_drawn_batch_is_the_counter_streams_to_the_bit(name, ops, lo, hi, step):
+    """The kernel that draws its batch gives the same bits as the kernel fed with CounterStream.draw's
+    inputs and targets (the same values, the same sums in the same order)."""
+    from nalu_cuda.experiments.parts.uniform_stream import TARGET_OP_CODES
+
+    stream, ps, step_t = _counter_case(ops, lo, hi, step, name)
+    flat, segments = _flat_n(ps)
+    x, t = stream.draw(step_t)
+    E_ = len(ops) * x.shape[0]
+    x = x.repeat(len(ops), 1, 1).contiguous()
+    flags = torch.zeros(E_, dtype=torch.bool, device=DEV)
+    want_grad = torch.full_like(flat, float("nan"))
+    want_flags = flags.clone()
+    want = torch.ops.nalu_cuda.static_ensemble_grad(x, t, flat, want_grad, segments, want_flags, name, EPS, 0.0)
+    grad = torch.full_like(flat, float("nan"))
+    got = torch.ops.nalu_cuda.static_ensemble_grad_counter(
+        stream.keys, step_t, stream.masks, [TARGET_OP_CODES.index(op) for op in ops], lo, hi, B, flat, grad, segments,
+        flags, name, EPS, 0.0)
+    assert torch.equal(got, want) and torch.equal(grad, want_grad) and torch.equal(flags, want_flags)
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+def test_drawn_batch_arguments_are_checked():
+    stream, ps, step_t = _counter_case(("add",), 1.0, 2.0, 1)
+    flat, segments = _flat_n(ps)
+    op = torch.ops.nalu_cuda.static_ensemble_grad_counter
+    args = dict(keys=stream.keys, step=step_t, masks=stream.masks, ops=[0], lo=1.0, hi=2.0, batch=B, param=flat,
+                grad=torch.zeros_like(flat), segments=segments, diverged=torch.zeros(3, dtype=torch.bool, device=DEV),
+                model="nalu", eps=EPS, reg_weight=0.0)
+    with pytest.raises(RuntimeError, match=r"static_ensemble_grad_counter: argument 'ops' must list operation codes"):
+        op(**{**args, "ops": [9]})
+    with pytest.raises(RuntimeError, match=r"static_ensemble_grad_counter: arguments 'lo' and 'hi' must be finite"):
+        op(**{**args, "hi": 1.0})
+    with pytest.raises(RuntimeError, match=r"static_ensemble_grad_counter: argument 'masks' must be .* float64"):
+        op(**{**args, "masks": stream.masks.float()})
+    with pytest.raises(RuntimeError, match=r"static_ensemble_grad_counter: argument 'param' must be .* float32"):
+        op(**{**args, "param": flat.double(), "grad": flat.double()})
 
 
 def test_bad_arguments_name_the_op_and_the_argument():
@@ -225,3 +289,39 @@ def test_trainer_native_resident_step_matches_autograd(name, graph):
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=5e-3)
     assert torch.equal(native.diverged.cpu(), autograd.diverged.cpu())
+
+
+@needs_gpu
+@pytest.mark.parametrize("graph", [False, True])
+def test_trainer_counter_stream_drawn_in_the_kernel(graph):
+    """With batch_fn naming its CounterStream (as the static task's resident step does), the native
+    resident step draws in the kernel and trains as the autograd resident step on the stream's draws."""
+    from nalu_cuda.experiments.parts.arithmetic_models import build_static_model, member_generators
+    from nalu_cuda.experiments.parts.training import (DataOptions, EnsembleTraining, EvalOptions, EvalSet,
+                                                      OptimOptions, StepOptions, TrainOptions)
+
+    ops, steps = ("add", "sub"), 40
+    stream, _, _ = _counter_case(ops, 1.0, 2.0, 1, S=E // 2)
+
+    def train(native):
+        def batch_fn(k):
+            x, t = stream.draw(k)
+            return x.repeat(len(ops), 1, 1), t
+
+        batch_fn.counter_stream = stream
+        model = build_static_model("nalu", I, H, ensemble=E)
+        model.reset_parameters(member_generators(list(range(E))))
+        model.cuda()
+        xv = torch.rand(8, I, device="cuda") + 1
+        val = EvalSet("valid", xv, torch.zeros(E, 8, 1, device="cuda"))
+        options = TrainOptions(data=DataOptions(batch_fn=batch_fn), evaluation=EvalOptions(val=val, eval_every=steps),
+                               optim=OptimOptions(lr=1e-2), step=StepOptions(resident=True, graph=graph, native=native))
+        training = EnsembleTraining(model, E, steps, options)
+        training.run()
+        return training, [p.detach().cpu() for p in model.parameters()]
+
+    native, got = train(True)
+    autograd, want = train(False)
+    assert native.step_path == "resident-native"
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=5e-3)

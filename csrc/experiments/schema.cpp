@@ -43,6 +43,16 @@ constexpr const char* kSchemas[] = {
   // CUDA (x on the GPU, segments a CPU tensor) one block per member, one launch, nothing read back.
   "static_ensemble_grad(Tensor x, Tensor target, Tensor param, Tensor(a!) grad, Tensor segments,"
       " Tensor(b!) diverged, str model, float eps, float reg_weight) -> Tensor",
+  // static_ensemble_grad with the batch drawn in the kernel, a CUDA kernel only
+  // (cuda/ensemble_step_cuda.cpp), float32: member e = k S + s (S = keys.size(0) seeds, k < len(ops))
+  // trains on CounterStream's batch (batch, I) of seed s at `step` (keys (S, 2) int64 and step, one
+  // int64, on the device: nalu_cuda/experiments/parts/counter_stream.py, one interval [lo, hi)),
+  // never stored: each input is computed where the kernel reads it; its targets op_k(a, b), a and
+  // b the float64 sums of the inputs with masks (S, I, 2) columns 0 and 1 (codes as below). The
+  // rest as static_ensemble_grad (segments on the CPU). Nothing read back: graph-capturable.
+  "static_ensemble_grad_counter(Tensor keys, Tensor step, Tensor masks, int[] ops, float lo, float hi, int batch,"
+      " Tensor param, Tensor(a!) grad, Tensor segments, Tensor(b!) diverged, str model, float eps,"
+      " float reg_weight) -> Tensor",
   // static_ensemble_grad, then FlatAdam's fused CPU step (flat_adam_step, at step count `step`) with
   // frozen = diverged where `freeze` (train_ensemble's any_diverged) and freeze_nonfinite = freeze,
   // diverged |= the members whose gradient has a NaN or Inf, and for 'nmu' the projection (NAU W to
@@ -147,6 +157,21 @@ at::Tensor static_ensemble_grad_unsupported(const at::Tensor& x, const at::Tenso
   );
 }
 
+at::Tensor static_ensemble_grad_counter_unsupported(const at::Tensor& keys, const at::Tensor&, const at::Tensor&,
+                                                    at::IntArrayRef, double, double, int64_t, const at::Tensor&,
+                                                    const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                    c10::string_view, double, double) {
+  TORCH_CHECK(false, "static_ensemble_grad_counter: argument 'keys' (and the batch's other tensors) must be CUDA "
+              "tensors: this op has a CUDA kernel only (on the CPU the static task's native step draws its batch in "
+              "static_ensemble_step_drawn), got keys on ", keys.device(),
+#ifdef NALU_CUDA_WITH_CUDA
+              ""
+#else
+              " (and this build of nalu_cuda has no CUDA kernels: it was built without CUDA)"
+#endif
+  );
+}
+
 at::Tensor static_ensemble_step_unsupported(const at::Tensor& x, const at::Tensor& target, const at::Tensor& param,
                                             const at::Tensor& grad, const at::Tensor& exp_avg,
                                             const at::Tensor& exp_avg_sq, const at::Tensor& segments,
@@ -204,6 +229,7 @@ std::tuple<at::Tensor, at::Tensor> lstm_sequence_backward_unsupported(TensorArg 
 TORCH_LIBRARY_IMPL(nalu_cuda, CompositeExplicitAutograd, m) {
   m.impl("flat_adam_step_resident", &flat_adam_step_resident_unsupported);
   m.impl("static_ensemble_grad", &static_ensemble_grad_unsupported);
+  m.impl("static_ensemble_grad_counter", &static_ensemble_grad_counter_unsupported);
   m.impl("static_ensemble_step", &static_ensemble_step_unsupported);
   m.impl("static_ensemble_step_drawn", &static_ensemble_step_drawn_unsupported);
   m.impl("recurrent_ensemble_grad", &recurrent_ensemble_grad_unsupported);

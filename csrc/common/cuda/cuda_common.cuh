@@ -45,6 +45,18 @@ __device__ __forceinline__ void st(void* p, int64_t k, A v) {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A product rounded on its own: never contracted by nvcc with a following addition into one fused
+// multiply-add (where a result must match ATen's separately rounded ops bit for bit).
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+#else
+template <typename T>
+inline T mul_rn(T a, T b) {
+  return a * b;
+}
+#endif
+
 // Bytes of one value of the compute type of storage dtype dt.
 inline size_t acc_bytes(DType dt) { return dt == DType::kDouble ? sizeof(double) : sizeof(float); }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "experiments/cpu/flat_adam.h"
+#include "experiments/target_ops.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/zeros_like.h>
@@ -121,25 +122,11 @@ inline void check_moments(const char* op, const at::Tensor& param, const at::Ten
   TORCH_CHECK(step >= 1, op, ": argument 'step' must be at least 1 (the Adam step count after this step), got ", step);
 }
 
-// The targets' operations of the in-call draws (nalu_cuda/experiments/parts/arithmetic_ops.py
-// apply_op, SumTargets), on the float64 sums a and b.
-enum class TargetOp { kAdd, kSub, kMul, kDiv, kSquared, kRoot };
-
+// The targets' operation codes of the in-call draws: experiments/target_ops.h.
 inline TargetOp target_op(const char* op, int64_t code) {
   TORCH_CHECK(code >= 0 && code < 6, op, ": argument 'ops' must list operation codes 0 .. 5 (add, sub, mul, div, "
               "squared, root), got ", code);
   return static_cast<TargetOp>(code);
-}
-
-inline double apply_target(TargetOp op, double a, double b) {
-  switch (op) {
-    case TargetOp::kAdd: return a + b;
-    case TargetOp::kSub: return a - b;
-    case TargetOp::kMul: return a * b;
-    case TargetOp::kDiv: return a / b;
-    case TargetOp::kSquared: return a * a;
-    default: return std::sqrt(a);
-  }
 }
 
 // The shapes of an in-call draw: S seeds, I inputs, E = S * len(ops) members.

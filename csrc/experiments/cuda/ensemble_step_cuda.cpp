@@ -1,5 +1,5 @@
-// ensemble_step_cuda.cpp: the CUDA kernel of nalu_cuda::static_ensemble_grad
-// (TORCH_LIBRARY_IMPL(nalu_cuda, CUDA)), the static task's gradient step on the GPU: the schema and
+// ensemble_step_cuda.cpp: the CUDA kernels of nalu_cuda::static_ensemble_grad and
+// static_ensemble_grad_counter (the batch drawn in the kernel) (TORCH_LIBRARY_IMPL(nalu_cuda, CUDA)), the static task's gradient step on the GPU: the schema and
 // its contract are csrc/experiments/schema.cpp's, the work the CPU op's (cpu/ensemble_step.cpp), the
 // kernel ensemble_step_kernels.cu. It checks its arguments on the host from their metadata and from
 // `segments`, which stays a CPU tensor here (its rows are the kernel's launch arguments: nothing is
@@ -31,37 +31,29 @@ namespace nalu_cuda {
 namespace training {
 namespace {
 
-constexpr const char* kOp = "static_ensemble_grad";
-
 // t on `device` (or, with device unset, a CUDA tensor), contiguous and `ok`; `want` says all that in words.
-void check_on(const char* name, const at::Tensor& t, const c10::optional<c10::Device>& device, const std::string& want,
-              bool ok) {
-  TORCH_CHECK(t.defined() && t.is_cuda() && (!device || t.device() == *device) && t.is_contiguous() && ok, kOp,
+void check_on(const char* op, const char* name, const at::Tensor& t, const c10::optional<c10::Device>& device,
+              const std::string& want, bool ok) {
+  TORCH_CHECK(t.defined() && t.is_cuda() && (!device || t.device() == *device) && t.is_contiguous() && ok, op,
               ": argument '", name, "' must be ", want, ", got ", describe(t));
 }
 
 StepKind step_kind(Kind k) { return static_cast<StepKind>(static_cast<int>(k)); }
 
-at::Tensor static_ensemble_grad_cuda_op(const at::Tensor& x, const at::Tensor& target, const at::Tensor& param,
-                                        const at::Tensor& grad, const at::Tensor& segments, const at::Tensor& diverged,
-                                        c10::string_view model_name, double eps, double reg_weight) {
-  const Model model = model_from_name(kOp, std::string(model_name));
-  const bool fp = x.defined() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
-  check_on("x", x, c10::nullopt, "a contiguous float32 or float64 CUDA tensor of shape (E, B, I)", fp && x.dim() == 3);
-  for (int64_t d = 0; d < 3; ++d)
-    TORCH_CHECK(x.size(d) >= 1, kOp, ": argument 'x' must have at least one element along every dimension (E, B, "
-                "I), got shape ", x.sizes());
-  const c10::Device dev = x.device();
-  const int64_t E = x.size(0), B = x.size(1), I = x.size(2);
-  const std::string like = c10::str("a contiguous ", x.scalar_type(), " tensor on ", dev, " (x's dtype and device)");
-  check_on("target", target, dev, like + c10::str(" of shape [", E, ", ", B, ", 1]"),
-           target.scalar_type() == x.scalar_type() && target.dim() == 3 && target.size(0) == E &&
-               target.size(1) == B && target.size(2) == 1);
-  check_on("param", param, dev, like + " of one dimension (FlatAdam's flat buffer)",
-           param.scalar_type() == x.scalar_type() && param.dim() == 1);
-  check_on("grad", grad, dev, like + c10::str(" of param's shape [", param.numel(), "]"),
-           grad.scalar_type() == x.scalar_type() && grad.dim() == 1 && grad.numel() == param.numel());
-  check_on("diverged", diverged, dev, c10::str("a contiguous bool tensor on ", dev, " of shape [", E, "] (one flag per member)"),
+// The checks of the arguments both ops take after the batch (x's dtype and device `like`, E members
+// of I inputs), and the launch: fills a's model, shapes and parameter segments, allocates, launches.
+at::Tensor check_and_launch(const char* op, StaticGradArgs& a, at::ScalarType dtype, const c10::Device& dev,
+                            const std::string& like, const at::Tensor& param, const at::Tensor& grad,
+                            const at::Tensor& segments, const at::Tensor& diverged, c10::string_view model_name,
+                            double eps, double reg_weight) {
+  const Model model = model_from_name(op, std::string(model_name));
+  const int64_t E = a.E, B = a.B, I = a.I;
+  check_on(op, "param", param, dev, like + " of one dimension (FlatAdam's flat buffer)",
+           param.scalar_type() == dtype && param.dim() == 1);
+  check_on(op, "grad", grad, dev, like + c10::str(" of param's shape [", param.numel(), "]"),
+           grad.scalar_type() == dtype && grad.dim() == 1 && grad.numel() == param.numel());
+  check_on(op, "diverged", diverged, dev,
+           c10::str("a contiguous bool tensor on ", dev, " of shape [", E, "] (one flag per member)"),
            diverged.scalar_type() == at::kBool && diverged.dim() == 1 && diverged.numel() == E);
   Kind kinds[2];
   layer_kinds(model, &kinds[0], &kinds[1]);
@@ -69,36 +61,94 @@ at::Tensor static_ensemble_grad_cuda_op(const at::Tensor& x, const at::Tensor& t
   TORCH_CHECK(segments.defined() && segments.device().is_cpu() && segments.is_contiguous() &&
                   segments.scalar_type() == at::kLong && segments.dim() == 2 && segments.size(0) == P &&
                   segments.size(1) == 2,
-              kOp, ": argument 'segments' must be a contiguous int64 CPU tensor of shape [", P, ", 2] (offset, "
+              op, ": argument 'segments' must be a contiguous int64 CPU tensor of shape [", P, ", 2] (offset, "
               "per_member) for model '", std::string(model_name), "' (its rows are the CUDA kernel's launch "
               "arguments: it stays on the host), got ", describe(segments));
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, kOp, ": argument 'eps' must be a finite number >= 0, got ", eps);
-  check_reg_weight(kOp, model, reg_weight);
+  TORCH_CHECK(std::isfinite(eps) && eps >= 0.0, op, ": argument 'eps' must be a finite number >= 0, got ", eps);
+  check_reg_weight(op, model, reg_weight);
   const int64_t* seg = segments.const_data_ptr<int64_t>();
   const int64_t H = std::max<int64_t>(seg[1] / I, 1);  // (W_hat of the first layer: I x H)
   std::vector<int64_t> want(P, H);
   std::fill(want.begin(), want.begin() + params_per_layer(kinds[0]), I * H);
-  check_segment_rows(kOp, segments, param.numel(), E, want, c10::str("I = ", I, ", hidden ", H));
+  check_segment_rows(op, segments, param.numel(), E, want, c10::str("I = ", I, ", hidden ", H));
 
   const c10::cuda::CUDAGuard guard(dev);
   at::Tensor loss = at::empty({E}, param.options());
   at::Tensor work = at::empty({E * static_grad_work_elems(B, I, H)}, param.options());
-  StaticGradArgs a{};
-  a.x = x.const_data_ptr();
-  a.target = target.const_data_ptr();
   a.param = param.const_data_ptr();
   a.grad = grad.data_ptr();
   a.diverged = diverged.data_ptr<bool>();
   a.loss = loss.data_ptr();
   a.work = work.data_ptr();
-  a.E = E, a.B = B, a.I = I, a.H = H;
+  a.H = H;
   a.kinds[0] = step_kind(kinds[0]);
   a.kinds[1] = step_kind(kinds[1]);
   for (int64_t q = 0; q < P; ++q) a.offset[q] = seg[2 * q], a.per_member[q] = seg[2 * q + 1];
   a.eps = eps;
   a.reg_weight = reg_weight;
-  static_ensemble_grad_cuda(a, x.scalar_type() == at::kDouble, c10::cuda::getCurrentCUDAStream());
+  static_ensemble_grad_cuda(a, dtype == at::kDouble, c10::cuda::getCurrentCUDAStream());
   return loss;
+}
+
+at::Tensor static_ensemble_grad_cuda_op(const at::Tensor& x, const at::Tensor& target, const at::Tensor& param,
+                                        const at::Tensor& grad, const at::Tensor& segments, const at::Tensor& diverged,
+                                        c10::string_view model, double eps, double reg_weight) {
+  constexpr const char* kOp = "static_ensemble_grad";
+  model_from_name(kOp, std::string(model));
+  const bool fp = x.defined() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
+  check_on(kOp, "x", x, c10::nullopt, "a contiguous float32 or float64 CUDA tensor of shape (E, B, I)",
+           fp && x.dim() == 3);
+  for (int64_t d = 0; d < 3; ++d)
+    TORCH_CHECK(x.size(d) >= 1, kOp, ": argument 'x' must have at least one element along every dimension (E, B, "
+                "I), got shape ", x.sizes());
+  const c10::Device dev = x.device();
+  StaticGradArgs a{};
+  a.E = x.size(0), a.B = x.size(1), a.I = x.size(2);
+  const std::string like = c10::str("a contiguous ", x.scalar_type(), " tensor on ", dev, " (x's dtype and device)");
+  check_on(kOp, "target", target, dev, like + c10::str(" of shape [", a.E, ", ", a.B, ", 1]"),
+           target.scalar_type() == x.scalar_type() && target.dim() == 3 && target.size(0) == a.E &&
+               target.size(1) == a.B && target.size(2) == 1);
+  a.x = x.const_data_ptr();
+  a.target = target.const_data_ptr();
+  return check_and_launch(kOp, a, x.scalar_type(), dev, like, param, grad, segments, diverged, model, eps, reg_weight);
+}
+
+at::Tensor static_ensemble_grad_counter_cuda_op(const at::Tensor& keys, const at::Tensor& step,
+                                                const at::Tensor& masks, at::IntArrayRef ops, double lo, double hi,
+                                                int64_t batch, const at::Tensor& param, const at::Tensor& grad,
+                                                const at::Tensor& segments, const at::Tensor& diverged,
+                                                c10::string_view model, double eps, double reg_weight) {
+  constexpr const char* kOp = "static_ensemble_grad_counter";
+  model_from_name(kOp, std::string(model));
+  check_on(kOp, "keys", keys, c10::nullopt, "a contiguous int64 CUDA tensor of shape (S, 2) (CounterStream.keys)",
+           keys.scalar_type() == at::kLong && keys.dim() == 2 && keys.size(0) >= 1 && keys.size(1) == 2);
+  const c10::Device dev = keys.device();
+  const int64_t S = keys.size(0);
+  check_on(kOp, "step", step, dev, c10::str("a contiguous int64 tensor of one element on ", dev, " (the step)"),
+           step.scalar_type() == at::kLong && step.numel() == 1);
+  check_on(kOp, "masks", masks, dev, c10::str("a contiguous float64 tensor on ", dev, " of shape (", S, ", I, 2) "
+           "(the subsets' weights, one per seed)"), masks.scalar_type() == at::kDouble && masks.dim() == 3 &&
+           masks.size(0) == S && masks.size(1) >= 1 && masks.size(2) == 2);
+  TORCH_CHECK(!ops.empty() && static_cast<int64_t>(ops.size()) <= kStepMaxOps, kOp, ": argument 'ops' must list 1 to ",
+              kStepMaxOps, " operation codes, got ", ops.size());
+  StaticGradArgs a{};
+  for (size_t k = 0; k < ops.size(); ++k) a.draw.ops[k] = static_cast<int>(target_op(kOp, ops[k]));
+  TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi) && static_cast<float>(lo) < static_cast<float>(hi), kOp,
+              ": arguments 'lo' and 'hi' must be finite with lo < hi in float32, got ", lo, ", ", hi);
+  TORCH_CHECK(batch >= 1, kOp, ": argument 'batch' must be at least 1, got ", batch);
+  a.E = S * static_cast<int64_t>(ops.size()), a.B = batch, a.I = masks.size(1);
+  TORCH_CHECK(a.B * a.I <= (int64_t{1} << 32), kOp, ": a step's draw must have at most 2^32 values (batch x I), "
+              "got ", a.B * a.I);
+  a.draw.keys = keys.const_data_ptr<int64_t>();
+  a.draw.step = step.const_data_ptr<int64_t>();
+  a.draw.masks = masks.const_data_ptr<double>();
+  a.draw.S = S;
+  a.draw.n_ops = static_cast<int64_t>(ops.size());
+  a.draw.lo = static_cast<float>(lo);
+  a.draw.hi = static_cast<float>(hi);
+  a.draw.top = std::nextafter(a.draw.hi, a.draw.lo);
+  const std::string like = c10::str("a contiguous float32 tensor on ", dev, " (the drawn inputs' dtype, keys' device)");
+  return check_and_launch(kOp, a, at::kFloat, dev, like, param, grad, segments, diverged, model, eps, reg_weight);
 }
 
 }  // namespace
@@ -107,4 +157,5 @@ at::Tensor static_ensemble_grad_cuda_op(const at::Tensor& x, const at::Tensor& t
 
 TORCH_LIBRARY_IMPL(nalu_cuda, CUDA, m) {
   m.impl("static_ensemble_grad", &nalu_cuda::training::static_ensemble_grad_cuda_op);
+  m.impl("static_ensemble_grad_counter", &nalu_cuda::training::static_ensemble_grad_counter_cuda_op);
 }

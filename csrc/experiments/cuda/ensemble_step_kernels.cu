@@ -14,6 +14,10 @@
 //   5. layer 1's backward: the blend's gradients per (row, output), then one thread per input column
 //      sums over the rows (adjacent threads read adjacent inputs), through the weight construction.
 //
+// With the batch drawn in the kernel (static_ensemble_grad_counter), an input is a function of
+// (seed, step, index) computed wherever the kernel reads it (phases 2 and 5), never stored, and the
+// targets are formed in phase 2 by the warps of output 0 from the same values.
+//
 // Every sum has one order fixed by the shapes (never by timing): a member's results are the same
 // bits on every run. They are not the CPU kernels' bits (those sum in other orders): the two agree
 // to rounding, as python_tests/test_native_step_cuda.py checks.
@@ -22,7 +26,9 @@
 
 #include <cstdint>
 
+#include "common/cuda/cuda_common.cuh"
 #include "experiments/cuda/ensemble_step_kernels.h"
+#include "experiments/target_ops.h"
 #include "ops/nac_nalu/math.h"
 #include "ops/nau_nmu/math.h"
 
@@ -93,12 +99,40 @@ __device__ __forceinline__ void param_grads(StepKind kind, const T* const* p, T*
 
 // The workspace of one member (static_grad_work_elems): the regions the kernel lays out below.
 __host__ __device__ inline int64_t work_elems(int64_t B, int64_t I, int64_t H) {
-  return 2 * H * I + 2 * H + 9 * B * H + 7 * B;
+  return 2 * H * I + 2 * H + 9 * B * H + 8 * B;
 }
+
+// lowbias32, the 32-bit integer hash of CounterStream (counter_stream.py hash32), in uint32 arithmetic.
+__device__ __forceinline__ uint32_t lowbias32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
+}
+
+// One member's CounterStream input: element `index` of its step's (B, I) draw, exactly
+// CounterStream.inputs for one interval (uniform_bits' chain of three hashes, the top 23 bits as
+// u in [0, 1), x = lo + u (hi - lo) in float32 with the product rounded on its own, at most `top`).
+struct MemberDraw {
+  uint32_t k0, k1, s_lo, s_hi;
+  float lo, width, top;
+
+  __device__ __forceinline__ float operator()(int64_t index) const {
+    uint32_t h = lowbias32(static_cast<uint32_t>(index) + k0);
+    h = lowbias32((h ^ s_lo) + k1);
+    h = lowbias32((h ^ s_hi) + 0x632BE5ABu);
+    const float u = static_cast<float>(h >> 9) * 1.1920928955078125e-07f;  // * 2^-23, exact
+    const float x = lo + cuda::mul_rn(u, width);
+    return x < top ? x : top;
+  }
+};
 
 __host__ __device__ inline int64_t params_of(StepKind k) { return k == StepKind::kNac ? 2 : (k == StepKind::kNalu ? 3 : 1); }
 
-template <typename T>
+// DRAWN: the batch from a.draw (float only), regenerated at every read, and the targets computed by
+// layer 1's warps of output 0 in the same pass over the inputs.
+template <typename T, bool DRAWN>
 __global__ void __launch_bounds__(kThreads) static_grad_kernel(StaticGradArgs a) {
   __shared__ T s_red[kWarps];
   __shared__ T s_scale[1];
@@ -121,8 +155,6 @@ __global__ void __launch_bounds__(kThreads) static_grad_kernel(StaticGradArgs a)
     p[l][j] = static_cast<const T*>(a.param) + o;
     g[l][j] = static_cast<T*>(a.grad) + o;
   }
-  const T* x = static_cast<const T*>(a.x) + e * B * I;
-  const T* t = static_cast<const T*>(a.target) + e * B;
   T* W1 = static_cast<T*>(a.work) + e * work_elems(B, I, H);
   T* G1 = W1 + H * I;
   T* w2 = G1 + H * I;
@@ -137,6 +169,27 @@ __global__ void __launch_bounds__(kThreads) static_grad_kernel(StaticGradArgs a)
   T* c2 = d2 + 3 * B; // (B, H) the NMU's d loss / dW terms per row
   T* dh = c2 + B * H; // (B, H) d loss / dh
   T* d1 = dh + B * H; // (B, H, 3) layer 1's (da, dm, dz)
+  T* drawn_t = d1 + 3 * B * H;  // (B) the drawn batch's targets
+
+  // the member's inputs x(b, i) and targets
+  const T* x = DRAWN ? nullptr : static_cast<const T*>(a.x) + e * B * I;
+  const T* t = DRAWN ? drawn_t : static_cast<const T*>(a.target) + e * B;
+  MemberDraw md{};
+  const double* mask = nullptr;
+  TargetOp op = TargetOp::kAdd;
+  if (DRAWN) {
+    const CounterDraw& d = a.draw;
+    const int64_t s = e % d.S, step = *d.step;
+    md = MemberDraw{static_cast<uint32_t>(d.keys[2 * s]), static_cast<uint32_t>(d.keys[2 * s + 1]),
+                    static_cast<uint32_t>(step & 0xFFFFFFFF), static_cast<uint32_t>((step >> 32) & 0xFFFFFFFF), d.lo,
+                    d.hi - d.lo, d.top};
+    mask = d.masks + s * I * 2;
+    op = static_cast<TargetOp>(d.ops[e / d.S]);
+  }
+  auto xin = [&](int64_t b, int64_t i) -> T {
+    if (DRAWN) return static_cast<T>(md(b * I + i));
+    return x[b * I + i];
+  };
 
   // 1. the effective weights
   for (int64_t k = tid; k < I * H; k += nt) {
@@ -153,11 +206,15 @@ __global__ void __launch_bounds__(kThreads) static_grad_kernel(StaticGradArgs a)
   // 2. layer 1, one warp per (row, output)
   for (int64_t r = warp; r < B * H; r += nw) {
     const int64_t b = r / H, o = r % H;
-    const T* xb = x + b * I;
     const T* wo = W1 + o * I;
     T sa = T(0), sm = T(0), sz = T(0);
+    double ta = 0.0, tb = 0.0;  // the drawn targets' float64 sums (exact: their order does not matter)
     for (int64_t i = lane; i < I; i += 32) {
-      const T xi = xb[i];
+      const T xi = xin(b, i);
+      if (DRAWN && o == 0) {
+        ta += static_cast<double>(xi) * mask[2 * i];
+        tb += static_cast<double>(xi) * mask[2 * i + 1];
+      }
       sa += xi * wo[i];
       if (k1 == StepKind::kNalu) {
         sm += math::log_abs(xi, eps) * wo[i];
@@ -168,6 +225,11 @@ __global__ void __launch_bounds__(kThreads) static_grad_kernel(StaticGradArgs a)
     if (k1 == StepKind::kNalu) {
       sm = warp_sum(sm);
       sz = warp_sum(sz);
+    }
+    if (DRAWN && o == 0) {
+      ta = warp_sum(ta);
+      tb = warp_sum(tb);
+      if (lane == 0) drawn_t[b] = static_cast<T>(apply_target(op, ta, tb));
     }
     if (lane == 0) {
       if (k1 == StepKind::kNalu) {
@@ -285,7 +347,7 @@ __global__ void __launch_bounds__(kThreads) static_grad_kernel(StaticGradArgs a)
     for (int64_t o = 0; o < H; ++o) {
       T dW = T(0), dL = T(0), dG = T(0);
       for (int64_t b = 0; b < B; ++b) {
-        const T xi = x[b * I + i];
+        const T xi = xin(b, i);
         const T* c = d1 + 3 * (b * H + o);
         dW += xi * c[0];
         if (k1 == StepKind::kNalu) {
@@ -304,10 +366,12 @@ int64_t static_grad_work_elems(int64_t B, int64_t I, int64_t H) { return work_el
 
 void static_ensemble_grad_cuda(const StaticGradArgs& a, bool is_double, cudaStream_t stream) {
   if (a.E == 0) return;
-  if (is_double) {
-    static_grad_kernel<double><<<static_cast<unsigned>(a.E), kThreads, 0, stream>>>(a);
+  if (a.x == nullptr) {
+    static_grad_kernel<float, true><<<static_cast<unsigned>(a.E), kThreads, 0, stream>>>(a);
+  } else if (is_double) {
+    static_grad_kernel<double, false><<<static_cast<unsigned>(a.E), kThreads, 0, stream>>>(a);
   } else {
-    static_grad_kernel<float><<<static_cast<unsigned>(a.E), kThreads, 0, stream>>>(a);
+    static_grad_kernel<float, false><<<static_cast<unsigned>(a.E), kThreads, 0, stream>>>(a);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

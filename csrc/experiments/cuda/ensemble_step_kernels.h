@@ -23,9 +23,23 @@ enum class StepKind : int { kNac = 0, kNalu = 1, kNau = 2, kNmu = 3 };
 
 constexpr int kStepMaxParams = 6;  // two layers of at most three parameters (NALU: W_hat, M_hat, G)
 
+// The batch drawn in the kernel (static_ensemble_grad_counter): CounterStream's values
+// (nalu_cuda/experiments/parts/counter_stream.py) for one interval [lo, hi), float32, regenerated
+// wherever the kernel reads an input (never stored), and the targets from them in the same pass.
+constexpr int kStepMaxOps = 16;
+
+struct CounterDraw {
+  const int64_t* keys;   // (S, 2) the seeds' keys, 32-bit values
+  const int64_t* step;   // the step (one int64 on the device: a captured graph advances it)
+  const double* masks;   // (S, I, 2) the subsets' weights
+  int64_t S, n_ops;
+  int ops[kStepMaxOps];  // member e = k S + s: seed s, target op ops[k] (target_ops.h's codes)
+  float lo, hi, top;     // the interval, and the largest value drawn: nextafter(hi, lo) in float32
+};
+
 struct StaticGradArgs {
-  const void* x;       // (E, B, I), float (is_double false) or double
-  const void* target;  // (E, B)
+  const void* x;       // (E, B, I), float (is_double false) or double; null: drawn (`draw`, float only)
+  const void* target;  // (E, B); null when drawn
   const void* param;   // FlatAdam's flat buffer
   void* grad;          // its gradient buffer (the members' parts written whole)
   bool* diverged;      // (E,)
@@ -38,6 +52,7 @@ struct StaticGradArgs {
   int64_t offset[kStepMaxParams];
   int64_t per_member[kStepMaxParams];
   double eps, reg_weight;
+  CounterDraw draw;  // read when x is null
 };
 
 // The workspace one member needs, in values of the dtype.

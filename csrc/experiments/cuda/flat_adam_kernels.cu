@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/cuda/cuda_common.cuh"
 #include "experiments/cuda/flat_adam_kernels.h"
 
 namespace nalu_cuda {
@@ -36,16 +37,7 @@ __device__ __forceinline__ float fma_(float a, float b, float c) { return fmaf(a
 __device__ __forceinline__ double fma_(double a, double b, double c) { return fma(a, b, c); }
 __device__ __forceinline__ float sqrt_(float v) { return sqrtf(v); }
 __device__ __forceinline__ double sqrt_(double v) { return sqrt(v); }
-// A product rounded on its own (never contracted with a following addition).
-#if defined(__CUDA_ARCH__)
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-#else
-template <typename T>
-inline T mul_rn(T a, T b) {
-  return a * b;
-}
-#endif
+using cuda::mul_rn;  // a product rounded on its own (common/cuda/cuda_common.cuh)
 
 // Whether segment row (off, per) lies inside the buffer of n elements with E members (and is not empty).
 __device__ __forceinline__ bool segment_ok(int64_t off, int64_t per, int64_t n, int64_t E) {

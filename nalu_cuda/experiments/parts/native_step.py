@@ -42,8 +42,11 @@ On CUDA (the resident step, ``train_ensemble(resident=True, native=True)``, whic
 runs on a GPU): :func:`native_resident_step` takes the gradient from ``nalu_cuda::static_ensemble_grad``'s
 CUDA kernel (``csrc/experiments/cuda/ensemble_step_kernels.cu``, one block per member) instead of
 autograd, then FlatAdam's resident CUDA step and the projection: three launches and nothing read
-back, which ``graph=True`` captures as one CUDA graph. Its numbers are the autograd resident step's
-to float rounding (``python_tests/test_native_step_cuda.py``; its kernel is checked on the CUDA
+back, which ``graph=True`` captures as one CUDA graph. Where ``batch_fn`` names its
+:class:`~.counter_stream.CounterStream` (:func:`in_kernel_counter_stream`), the kernel
+(``static_ensemble_grad_counter``) draws the batch itself: each input is computed from (seed, step,
+index) where the kernel reads it and never stored, the targets in the same pass, the same bits as
+the stream's. Its numbers are the autograd resident step's to float rounding (``python_tests/test_native_step_cuda.py``; its kernel is checked on the CUDA
 emulator without a GPU).
 """
 from __future__ import annotations
@@ -56,7 +59,7 @@ import nalu_cuda
 from nalu_cuda import _ops
 
 __all__ = ["NATIVE_MODELS", "RECURRENT_NATIVE_MODELS", "native_step", "native_resident_step", "model_layers",
-           "recurrent_layers", "in_call_stream"]
+           "recurrent_layers", "in_call_stream", "in_kernel_counter_stream"]
 
 # The devices whose resident step takes static_ensemble_grad (a test adds "cpu", whose kernel does
 # the same work, to check the step's logic without a GPU).
@@ -226,12 +229,19 @@ def native_resident_step(training, base: type) -> Optional[Callable[[Optional[in
     segments = opt.member_segments(E)  # on the host: the kernel's launch arguments
     project = o.units.project
     op = torch.ops.nalu_cuda.static_ensemble_grad
+    counter = in_kernel_counter_stream(o.data.batch_fn, opt.flat, E)
 
     def step(k: Optional[int]) -> None:
         weight = float(schedule.weight(k)) if schedule is not None else 0.0
-        x, target = o.data.batch_fn(training.data_step)
-        loss = op(x.contiguous(), target.contiguous(), opt.flat, opt.grad, segments, training.diverged, name, eps,
-                  weight)
+        if counter is not None:  # the batch drawn inside the kernel, never stored
+            c = counter
+            loss = torch.ops.nalu_cuda.static_ensemble_grad_counter(
+                c["keys"], training.data_step, c["masks"], c["ops"], c["lo"], c["hi"], c["batch"], opt.flat, opt.grad,
+                segments, training.diverged, name, eps, weight)
+        else:
+            x, target = o.data.batch_fn(training.data_step)
+            loss = op(x.contiguous(), target.contiguous(), opt.flat, opt.grad, segments, training.diverged, name, eps,
+                      weight)
         training.diverged.bitwise_or_(opt.step_resident(training.diverged))
         if project is not None:
             with torch.no_grad():
@@ -240,6 +250,26 @@ def native_resident_step(training, base: type) -> Optional[Callable[[Optional[in
         training.data_step.add_(1)
 
     return step
+
+
+def in_kernel_counter_stream(batch_fn, flat: torch.Tensor, E: int) -> Optional[dict]:
+    """The arguments of ``static_ensemble_grad_counter`` where ``batch_fn`` names the
+    :class:`~.counter_stream.CounterStream` it draws from (``batch_fn.counter_stream``, as the static
+    task sets it on the resident step) and the kernel can draw its batch itself: float32, one
+    interval, inputs ``(B, I)`` with subset masks and target ops for ``E = S * len(ops)`` members,
+    the kernel on the device. Else None (``batch_fn``'s batches are used)."""
+    from .counter_stream import CounterStream
+    from .uniform_stream import TARGET_OP_CODES
+
+    stream = getattr(batch_fn, "counter_stream", None)
+    if (type(stream) is not CounterStream or flat.dtype != torch.float32 or len(stream.range.intervals) != 1
+            or len(stream.shape) != 2 or stream.masks is None or not stream.ops
+            or any(op not in TARGET_OP_CODES for op in stream.ops) or stream.keys.shape[0] * len(stream.ops) != E
+            or stream.device != flat.device or not _ops.has_kernel(flat.device.type, "static_ensemble_grad_counter")):
+        return None
+    lo, hi = stream.range.intervals[0]
+    return {"keys": stream.keys, "masks": stream.masks, "ops": [TARGET_OP_CODES.index(op) for op in stream.ops],
+            "lo": float(lo), "hi": float(hi), "batch": stream.shape[0]}
 
 
 def _recurrent_step(training, name: str, eps: float, segments: torch.Tensor) -> Callable[[int], None]:

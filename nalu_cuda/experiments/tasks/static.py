@@ -149,6 +149,8 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
 
     if not resident:
         batch_fn.uniform_stream = stream  # the native step draws the stream's batches in-call (parts/native_step.py)
+    else:
+        batch_fn.counter_stream = stream  # on CUDA its native step draws them inside its kernel (the same bits)
 
     def fixed_set(name: str, rng_range: ar.Range, n: int) -> EvalSet:
         rng = np.random.default_rng(ar.seed_for(p.data_seed, name))
