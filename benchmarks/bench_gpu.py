@@ -358,6 +358,11 @@ class Run:
         seeds = list(range(E))
         masks = torch.stack([subset_layout(s, I, 0.25, 0.5).mask() for s in seeds])
         stream = CounterStream(seeds, (B, I), Range(((1.0, 2.0),)), device=self.device, masks=masks, ops=("add",))
+
+        def batch_fn(step):
+            return stream.draw(step)
+
+        batch_fn.counter_stream = stream  # the native rows draw the batch inside their kernel (same bits)
         xv = torch.rand(256, I, generator=g, device=self.device) + 1
         val = EvalSet("valid", xv, torch.bmm(xv.unsqueeze(0).expand(E, 256, I), masks.to(self.device)).sum(-1, keepdim=True))
         # native: the gradient from static_ensemble_grad's CUDA kernel (one block per member) instead of
@@ -369,18 +374,20 @@ class Run:
                 model = build_static_model("nalu", I, 2, ensemble=E)
                 model.reset_parameters(member_generators(seeds))
                 model.to(self.device)
-                warm = train_ensemble(model, E, stream.draw, 10, val, eval_every=10, resident=True, graph=graph,
+                warm = train_ensemble(model, E, batch_fn, 10, val, eval_every=10, resident=True, graph=graph,
                                       native=native)
                 model = build_static_model("nalu", I, 2, ensemble=E)
                 model.reset_parameters(member_generators(seeds))
                 model.to(self.device)
-                res = train_ensemble(model, E, stream.draw, steps, val, eval_every=steps, resident=True, graph=graph,
+                res = train_ensemble(model, E, batch_fn, steps, val, eval_every=steps, resident=True, graph=graph,
                                      native=native)
                 rate = steps / res.wall_s
+                kind = (" (native gradient kernel, batch drawn in it)" if str(self.device).startswith("cuda")
+                        else " (native asked: on a CPU the autograd resident step)")
                 where = (("CUDA graph" if str(self.device).startswith("cuda") else "graph asked (no graphs on a CPU: "
                           "eager)") if graph else "eager")
                 self.add("training", unit="nalu -> nalu", shape=f"E={E} B={B} I={I}", mode=f"{steps} steps",
-                         provider=f"train_ensemble, resident step{' (native gradient kernel)' if native else ''}, "
+                         provider=f"train_ensemble, resident step{kind if native else ''}, "
                                   + where,
                          steps_per_s=rate, seed_steps_per_s=rate * E, median_us=1e6 / rate,
                          diverged=int(res.diverged.sum()), warmup_s=warm.wall_s)
