@@ -2,7 +2,7 @@
 
     python benchmarks/bench_gpu.py [--out DIR] [--stages copy,ops,memory_bound,large,training]
     python benchmarks/bench_gpu.py --stages compile          # cold torch.compile, run last
-    python benchmarks/bench_gpu.py --stages sanitize_case    # one small forward+backward (for compute-sanitizer)
+    python benchmarks/bench_gpu.py --stages sanitize_case    # one small forward+backward and gradient step (compute-sanitizer)
     python benchmarks/bench_gpu.py --device cpu --dry-run    # every stage's logic on the CPU, small shapes
 
 Run by benchmarks/gpu_check.sh after the build and the tests. Stages (--stages, in this order):
@@ -19,7 +19,8 @@ Run by benchmarks/gpu_check.sh after the build and the tests. Stages (--stages, 
                 data drawn on the device, Adam): steps per second, eager
   compile       torch.compile(reference, fullgraph=True) beside the fused op at the paper and
                 ensemble shapes (cold compile time recorded); separate, as compiles are slow
-  sanitize_case one rowwise-path forward and backward, nothing timed (compute-sanitizer's target)
+  sanitize_case one rowwise-path forward and backward and one static_ensemble_grad call, nothing timed
+                (compute-sanitizer's target)
 Every figure is stored beside the TF32 setting in force (off for every stage: the reference's
 default) and the machine (benchmarks/harness.py: GPU, driver, nvcc, clocks, CPU, commit from
 NALU_CUDA_COMMIT). After each stage bench_gpu.json/.csv/.md are rewritten (a timeout keeps what was
@@ -414,8 +415,23 @@ class Run:
         t = make_inputs("nalu", (2, 64, 20, 2), self.dtype, self.device)
         y = unit_fn("nalu", F)(*t.values())
         torch.autograd.grad(y, list(t.values()), torch.randn_like(y))
+        # The static task's gradient kernel (static_ensemble_grad), NALU -> NALU: one block per member,
+        # its phases separated by __syncthreads (racecheck's case), segments on the host.
+        E, B, I, H = 2, 64, 20, 2
+        g = torch.Generator().manual_seed(0)
+        ps = [torch.randn(s, generator=g) * 0.3 for s in [(E, I, H)] * 3 + [(E, H, 1)] * 3]
+        offsets = [0] + torch.tensor([p.numel() for p in ps]).cumsum(0).tolist()[:-1]
+        segments = torch.tensor([[o, p.numel() // E] for o, p in zip(offsets, ps)], dtype=torch.long)
+        flat = torch.cat([p.reshape(-1) for p in ps]).to(self.device, self.dtype)
+        x = (torch.rand(E, B, I, generator=g) + 0.5).to(self.device, self.dtype)
+        target = torch.randn(E, B, 1, generator=g).to(self.device, self.dtype)
+        grad = torch.empty_like(flat)
+        flags = torch.zeros(E, dtype=torch.bool, device=self.device)
+        torch.ops.nalu_cuda.static_ensemble_grad(x, target, flat, grad, segments, flags, "nalu", 1e-7, 0.0)
         self.sync()
-        print("[bench] sanitize_case: one rowwise-path nalu forward and backward ran", flush=True)
+        assert torch.isfinite(grad).all() and not flags.any(), "sanitize_case: the gradient kernel's result is not finite"
+        print("[bench] sanitize_case: one rowwise-path nalu forward and backward and one static_ensemble_grad ran",
+              flush=True)
 
 
 def main(argv=None) -> int:

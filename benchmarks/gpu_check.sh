@@ -15,8 +15,8 @@
 #                and replay and the > 2^31-element cases, and test_native_step_cuda.py (the static
 #                task's gradient kernel, the trainer's native resident step in a graph);
 #                --maxfail=50 -rfE                                                (limit 110 s)
-#   sanitizer    compute-sanitizer memcheck and racecheck on one rowwise-path forward and backward,
-#                when the tool is there                                          (limit 2 x 40 s)
+#   sanitizer    compute-sanitizer memcheck and racecheck on one rowwise-path forward and backward and
+#                one call of the static task's gradient kernel, when the tool is there                                          (limit 2 x 40 s)
 #   bench        benchmarks/bench_gpu.py: copy bandwidth, ops (per call and graph replay), the
 #                memory-bound shape, the large shape vs cuBLAS, 100-seed training       (limit 110 s)
 #   compile      last and separate (cold torch.compile / Triton): the compile tests of
@@ -100,6 +100,27 @@ rm -f /tmp/gpu_check_cxx
 echo 'int main() { return 0; }' >/tmp/gpu_check_cxx.cpp
 "${CXX:-g++}" -I"$PYINC" -include Python.h -o /tmp/gpu_check_cxx /tmp/gpu_check_cxx.cpp 2>&1 | tail -n 3 || ENV_OK=0
 [ -x /tmp/gpu_check_cxx ] || ENV_OK=0
+# A compiler that links libstdc++ statically into shared libraries (seen on a GPU image whose default
+# g++ wraps its own library folder) builds an extension that crashes in its first error message
+# (an integer through std::ostream): the probe library then defines std::ostream's integer insert
+# itself. Take the system compiler instead when it links libstdc++ dynamically.
+static_libstdcxx() {  # static_libstdcxx CXX: true when CXX's shared libraries carry libstdc++ or crash so
+  printf '#include <cstring>\n#include <sstream>\nextern "C" void f(long v, char* out) { std::ostringstream o; o << v; std::strcpy(out, o.str().c_str()); }\n' \
+    >/tmp/gpu_check_probe.cpp
+  "$1" -shared -fPIC -O1 -o /tmp/gpu_check_probe.so /tmp/gpu_check_probe.cpp 2>/dev/null || return 1  # (the build says why)
+  nm --defined-only /tmp/gpu_check_probe.so 2>/dev/null | grep -q '_ZNSo9_M_insertIlEERSoT_' && return 0
+  "$PY" -c "import ctypes, torch; b = ctypes.create_string_buffer(32)
+ctypes.CDLL('/tmp/gpu_check_probe.so').f(ctypes.c_long(12345), b); assert b.value == b'12345'" >/dev/null 2>&1 && return 1
+  return 0
+}
+if static_libstdcxx "${CXX:-g++}"; then
+  if [ -x /usr/bin/g++ ] && ! static_libstdcxx /usr/bin/g++; then
+    echo "${CXX:-g++} links libstdc++ statically into shared libraries: building with /usr/bin/g++ and /usr/bin/gcc"
+    export CXX=/usr/bin/g++ CC=/usr/bin/gcc
+  else
+    echo "${CXX:-g++} links libstdc++ statically into shared libraries and no system compiler avoids it"; ENV_OK=0
+  fi
+fi
 if [ "$DRY" = 1 ]; then
   record environment "ok: dry run (Python.h and g++: $([ $ENV_OK = 1 ] && echo found || echo MISSING))"
 elif ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
