@@ -70,6 +70,7 @@ class CounterStream:
         self.device = torch.device(device)
         words = [seed_for(int(s), purpose) for s in seeds]
         self.keys = torch.tensor([[w & _M32, (w >> 32) & _M32] for w in words], dtype=torch.int64, device=self.device)
+        self.device = self.keys.device  # with its index ("cuda" -> "cuda:0"), as the tensors it is compared with
         n = 1
         for s in self.shape:
             n *= s

@@ -265,7 +265,7 @@ def in_kernel_counter_stream(batch_fn, flat: torch.Tensor, E: int) -> Optional[d
     if (type(stream) is not CounterStream or flat.dtype != torch.float32 or len(stream.range.intervals) != 1
             or len(stream.shape) != 2 or stream.masks is None or not stream.ops
             or any(op not in TARGET_OP_CODES for op in stream.ops) or stream.keys.shape[0] * len(stream.ops) != E
-            or stream.device != flat.device or not _ops.has_kernel(flat.device.type, "static_ensemble_grad_counter")):
+            or stream.keys.device != flat.device or not _ops.has_kernel(flat.device.type, "static_ensemble_grad_counter")):
         return None
     lo, hi = stream.range.intervals[0]
     return {"keys": stream.keys, "masks": stream.masks, "ops": [TARGET_OP_CODES.index(op) for op in stream.ops],
