@@ -10,11 +10,15 @@ built with CUDA and a CUDA toolkit is found. Switches (environment variables):
     NALU_CUDA_DEBUG=1        -O0 -g instead of -O3 -g0
     TORCH_CUDA_ARCH_LIST     CUDA architectures (default: the local GPU's, else "8.0;9.0+PTX")
     MAX_JOBS                 parallel compile jobs
+    CXX                      the C++ compiler (checked first: see _check_compiler)
 """
 import glob
 import os
+import shlex
 import shutil
+import subprocess
 import sys
+import tempfile
 
 from setuptools import find_packages, setup
 
@@ -78,7 +82,42 @@ def _sources(cuda):
                   and (cuda or "/cuda/" not in p))
 
 
+_PROBE = r"""#include <cstring>
+#include <sstream>
+extern "C" void f(long v, char* out) { std::ostringstream o; o << v; std::strcpy(out, o.str().c_str()); }
+"""
+
+
+def _check_compiler():
+    """Fail early, with the remedy, on a C++ compiler whose shared libraries carry their own copy of
+    libstdc++ (a wrapper that links it statically; seen as the default g++ of a GPU image): an
+    extension built with it loads beside torch's libstdc++ and crashes (SIGSEGV) in its first error
+    message, at the first integer it formats. The probe: a one-function library built with the
+    compiler torch's build uses ($CXX, else c++) formats an integer in a process that has imported
+    torch. A compiler that cannot build the probe is left to the build to report."""
+    cxx = os.environ.get("CXX", "c++")
+    with tempfile.TemporaryDirectory() as d:
+        src, lib = os.path.join(d, "probe.cpp"), os.path.join(d, "probe.so")
+        with open(src, "w") as f:
+            f.write(_PROBE)
+        try:
+            if subprocess.run(shlex.split(cxx) + ["-shared", "-fPIC", "-O1", "-o", lib, src],
+                              capture_output=True).returncode != 0:
+                return
+        except OSError:
+            return
+        code = ("import ctypes, torch; b = ctypes.create_string_buffer(32); "
+                f"ctypes.CDLL({lib!r}).f(ctypes.c_long(12345), b); assert b.value == b'12345'")
+        if subprocess.run([sys.executable, "-c", code], capture_output=True).returncode != 0:
+            raise RuntimeError(
+                f"nalu_cuda: the C++ compiler {cxx!r} ($CXX, else c++) builds shared libraries that link their "
+                "own copy of libstdc++ and crash formatting an integer beside torch: the extension would crash in "
+                "its first error message. Build with a compiler that links libstdc++ dynamically, e.g. "
+                "CXX=/usr/bin/g++ CC=/usr/bin/gcc pip install --no-build-isolation -e .")
+
+
 def _extension():
+    _check_compiler()
     debug = _flag("NALU_CUDA_DEBUG")
     opt = ["-O0", "-g"] if debug else ["-O3", "-g0"]
     sources = _sources(cuda=False)

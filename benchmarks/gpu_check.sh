@@ -100,18 +100,11 @@ rm -f /tmp/gpu_check_cxx
 echo 'int main() { return 0; }' >/tmp/gpu_check_cxx.cpp
 "${CXX:-g++}" -I"$PYINC" -include Python.h -o /tmp/gpu_check_cxx /tmp/gpu_check_cxx.cpp 2>&1 | tail -n 3 || ENV_OK=0
 [ -x /tmp/gpu_check_cxx ] || ENV_OK=0
-# A compiler that links libstdc++ statically into shared libraries (seen on a GPU image whose default
-# g++ wraps its own library folder) builds an extension that crashes in its first error message
-# (an integer through std::ostream): the probe library then defines std::ostream's integer insert
-# itself. Take the system compiler instead when it links libstdc++ dynamically.
-static_libstdcxx() {  # static_libstdcxx CXX: true when CXX's shared libraries carry libstdc++ or crash so
-  printf '#include <cstring>\n#include <sstream>\nextern "C" void f(long v, char* out) { std::ostringstream o; o << v; std::strcpy(out, o.str().c_str()); }\n' \
-    >/tmp/gpu_check_probe.cpp
-  "$1" -shared -fPIC -O1 -o /tmp/gpu_check_probe.so /tmp/gpu_check_probe.cpp 2>/dev/null || return 1  # (the build says why)
-  nm --defined-only /tmp/gpu_check_probe.so 2>/dev/null | grep -q '_ZNSo9_M_insertIlEERSoT_' && return 0
-  "$PY" -c "import ctypes, torch; b = ctypes.create_string_buffer(32)
-ctypes.CDLL('/tmp/gpu_check_probe.so').f(ctypes.c_long(12345), b); assert b.value == b'12345'" >/dev/null 2>&1 && return 1
-  return 0
+# A compiler that links libstdc++ statically into shared libraries (the default g++ of one GPU image)
+# builds an extension that crashes in its first error message; setup.py's compiler check says so
+# (setup.py _check_compiler). Take the system compiler then.
+static_libstdcxx() {  # static_libstdcxx CXX: true when setup.py refuses CXX for that reason
+  CXX="$1" "$PY" setup.py --name 2>&1 | grep -q "own copy of libstdc++"
 }
 if static_libstdcxx "${CXX:-g++}"; then
   if [ -x /usr/bin/g++ ] && ! static_libstdcxx /usr/bin/g++; then

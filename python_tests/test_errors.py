@@ -1,5 +1,10 @@
 """Bad input gets a clear error naming the op, the argument, what was expected and what came."""
+import os
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -230,3 +235,24 @@ def test_torch_jit_script_gives_a_clear_error(layer):
     torch.testing.assert_close(traced(x), module(x))
     exported = torch.export.export(module, (x,))
     torch.testing.assert_close(exported.module()(x), module(x))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_setup_refuses_a_compiler_whose_libraries_carry_libstdcxx(tmp_path):
+    """setup.py's compiler check: a g++ that links libstdc++ statically into shared libraries (an
+    extension built so crashes in its first error message, beside torch's libstdc++) is refused
+    before the build, naming the compiler and the remedy; the plain g++ passes."""
+    root = Path(__file__).resolve().parents[1]
+    wrapper = tmp_path / "g++"
+    wrapper.write_text('#!/bin/sh\nexec g++ -static-libstdc++ "$@"\n')
+    wrapper.chmod(0o755)
+    for cxx, refused in ((str(wrapper), True), ("g++", False)):
+        r = subprocess.run([sys.executable, "setup.py", "--name"], cwd=root, capture_output=True, text=True,
+                           env={**os.environ, "CXX": cxx})
+        if refused:
+            assert r.returncode != 0
+            assert f"the C++ compiler '{cxx}'" in r.stderr and "own copy of libstdc++" in r.stderr
+            assert "CXX=/usr/bin/g++ CC=/usr/bin/gcc" in r.stderr
+        else:
+            assert r.returncode == 0, r.stderr[-2000:]
+            assert r.stdout.strip().splitlines()[-1] == "nalu_cuda"
