@@ -391,8 +391,10 @@ class Run:
                     walls.append(res.wall_s)
                 per_step = max(walls[1] - walls[0], 1e-9) / steps
                 rate = 1.0 / per_step
-                kind = (" (native gradient kernel, batch drawn in it)" if str(self.device).startswith("cuda")
-                        else " (native asked: on a CPU the autograd resident step)")
+                # the row names the step that ran (the trainer's record of it), not the one asked for
+                kind = (" (native asked: on a CPU the autograd resident step)" if res.step_path != "resident-native"
+                        else " (native gradient kernel, batch drawn in it)" if res.batch_in_kernel
+                        else " (native gradient kernel, fed by batch_fn)")
                 where = (("CUDA graph" if str(self.device).startswith("cuda") else "graph asked (no graphs on a CPU: "
                           "eager)") if graph else "eager")
                 self.add("training", unit="nalu -> nalu", shape=f"E={E} B={B} I={I}", mode=f"{steps} steps (2N - N)",

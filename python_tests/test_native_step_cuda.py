@@ -319,25 +319,19 @@ def test_trainer_native_resident_step_matches_autograd(name, graph, resident_nat
 
 
 @pytest.mark.parametrize("graph", GRAPHS)
-def test_trainer_counter_stream_drawn_in_the_kernel(graph, monkeypatch, resident_native_here):
+def test_trainer_counter_stream_drawn_in_the_kernel(graph, resident_native_here):
     """With batch_fn naming its CounterStream (as the static task's resident step does), the native
     resident step draws in the kernel, and trains to the bit as the native step fed the stream's draws
     (float32, the stream's dtype; the native step against autograd: the float64 test above). The
     stream is made for the device named "cuda", the parameters live on "cuda:0": the same device."""
-    from nalu_cuda.experiments.parts import native_step
     from nalu_cuda.experiments.parts.arithmetic_models import build_static_model, member_generators
     from nalu_cuda.experiments.parts.training import (DataOptions, EnsembleTraining, EvalOptions, EvalSet,
                                                       OptimOptions, StepOptions, TrainOptions)
 
     ops, steps = ("add", "sub"), 40
     stream, _, _ = _counter_case(ops, 1.0, 2.0, 1, S=E // 2)
-    taken = []
-    found = native_step.in_kernel_counter_stream
-    monkeypatch.setattr(native_step, "in_kernel_counter_stream", lambda *a: taken.append(found(*a)) or taken[-1])
 
     def train(drawn):
-        taken.clear()
-
         def batch_fn(k):
             x, t = stream.draw(k)
             return x.repeat(len(ops), 1, 1), t
@@ -352,8 +346,8 @@ def test_trainer_counter_stream_drawn_in_the_kernel(graph, monkeypatch, resident
         options = TrainOptions(data=DataOptions(batch_fn=batch_fn), evaluation=EvalOptions(val=val, eval_every=steps),
                                optim=OptimOptions(lr=1e-2), step=StepOptions(resident=True, graph=graph, native=True))
         training = EnsembleTraining(model, E, steps, options)
-        training.run()
-        assert taken and all((c is not None) == drawn for c in taken)  # drawn in the kernel, or fed
+        result = training.run()
+        assert training.batch_in_kernel == result.batch_in_kernel == drawn  # drawn in the kernel, or fed
         return training, [p.detach().cpu() for p in model.parameters()]
 
     drawn, got = train(True)

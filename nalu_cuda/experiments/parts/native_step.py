@@ -230,6 +230,7 @@ def native_resident_step(training, base: type) -> Optional[Callable[[Optional[in
     project = o.units.project
     op = torch.ops.nalu_cuda.static_ensemble_grad
     counter = in_kernel_counter_stream(o.data.batch_fn, opt.flat, E)
+    training.batch_in_kernel = counter is not None
 
     def step(k: Optional[int]) -> None:
         weight = float(schedule.weight(k)) if schedule is not None else 0.0

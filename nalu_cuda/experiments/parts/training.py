@@ -105,6 +105,8 @@ class TrainResult:
     wall_s: float
     best_state: Dict[str, Tensor] = field(default_factory=dict)
     val_name: str = "val"
+    step_path: Optional[str] = None   # EnsembleTraining.step_path: which step trained
+    batch_in_kernel: bool = False     # the native resident step drew each batch inside its kernel
 
     @property
     def curves(self) -> Dict[str, Any]:
@@ -405,6 +407,7 @@ class EnsembleTraining:
         self.no_member = torch.zeros(E, dtype=torch.bool, device=dev)
         self.any_diverged = False
         self.step_path: Optional[str] = None  # set by run(): "native", "autograd", "resident" or "resident-native"
+        self.batch_in_kernel = False  # set by run(): the native resident step draws the batch in its kernel
         self.best = BestState(self.model, E, dtype=torch.float64)
         self.solved_at = torch.full((E,), -1, dtype=torch.long)
         self.history: Dict[str, List[List[float]]] = {"loss": [], self.val_name: []}
@@ -651,7 +654,8 @@ class EnsembleTraining:
         return TrainResult(steps=self.steps, best_step=self.best.best_step, best_val=self.best.best,
                            diverged=self.diverged.cpu().clone(), solved_at=self.solved_at, final_loss=self.final_loss,
                            history=self.history, wall_s=self.wall_before + time.perf_counter() - self.t0,
-                           best_state=self.best.saved, val_name=self.val_name)
+                           best_state=self.best.saved, val_name=self.val_name, step_path=self.step_path,
+                           batch_in_kernel=self.batch_in_kernel)
 
 
 def train_ensemble(

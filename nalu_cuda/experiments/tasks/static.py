@@ -188,6 +188,8 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
         "baseline_mse": {op: {"interp": base[op][0], "extrap": base[op][1]} for op in ops},
         "layouts": {str(s): [lay.a_start, lay.a_end, lay.b_start, lay.b_end] for s, lay in zip(seeds, layouts)},
         "train_wall_s": res.wall_s,
+        "step_path": res.step_path,  # which step trained (EnsembleTraining.step_path)
+        "batch_in_kernel": res.batch_in_kernel,  # the batch drawn inside the native step's kernel
         "range_curve": range_curve,
         "history_extrap": _thin_history(res.history.get("extrap-test", [])),
         "history_valid": _thin_history(res.history.get("valid", [])),
