@@ -91,6 +91,11 @@ NVCC="$(command -v nvcc || true)"
 [ -z "$NVCC" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && NVCC="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
 echo "nvcc: ${NVCC:-not found} $([ -n "$NVCC" ] && "$NVCC" --version | tail -n 1)"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'TF32 matmul', torch.backends.cuda.matmul.allow_tf32)"
+# The bench's training stage and the native step's trainer tests import nalu_cuda.experiments, whose
+# grid-world task needs gymnasium (requirements.txt): say so now rather than fail there.
+"$PY" -c "import gymnasium" 2>/dev/null ||
+  echo "WARNING: gymnasium is not installed: the training stage and the trainer tests will fail to import" \
+       "nalu_cuda.experiments (offline: pip install --no-index --find-links DIR gymnasium farama-notifications)"
 # A torch extension needs the Python headers and a C++ compiler: check before spending the build.
 ENV_OK=1
 PYINC="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
