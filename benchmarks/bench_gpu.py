@@ -381,7 +381,7 @@ class Run:
                                       native=native)
                 # Runs of N and 2N steps: their difference is the steady per-step cost, without what a
                 # run costs once (the flat buffers, the graph's capture, the first and last evaluation).
-                walls, res = [], None
+                walls = []
                 for n in (steps, 2 * steps):
                     model = build_static_model("nalu", I, 2, ensemble=E)
                     model.reset_parameters(member_generators(seeds))

@@ -16,7 +16,7 @@
 #                task's gradient kernel, the trainer's native resident step in a graph);
 #                --maxfail=50 -rfE                                                (limit 110 s)
 #   sanitizer    compute-sanitizer memcheck and racecheck on one rowwise-path forward and backward and
-#                one call of the static task's gradient kernel, when the tool is there                                          (limit 2 x 40 s)
+#                one call of the static task's gradient kernel, when the tool is there   (limit 2 x 40 s)
 #   bench        benchmarks/bench_gpu.py: copy bandwidth, ops (per call and graph replay), the
 #                memory-bound shape, the large shape vs cuBLAS, 100-seed training       (limit 110 s)
 #   compile      last and separate (cold torch.compile / Triton): the compile tests of

@@ -67,9 +67,8 @@ class CounterStream:
                  purpose: str = "train-counter", masks: Optional[Tensor] = None, ops: Sequence[str] = ()):
         self.shape = tuple(int(s) for s in shape)
         self.range = rng_range
-        self.device = torch.device(device)
         words = [seed_for(int(s), purpose) for s in seeds]
-        self.keys = torch.tensor([[w & _M32, (w >> 32) & _M32] for w in words], dtype=torch.int64, device=self.device)
+        self.keys = torch.tensor([[w & _M32, (w >> 32) & _M32] for w in words], dtype=torch.int64, device=device)
         self.device = self.keys.device  # with its index ("cuda" -> "cuda:0"), as the tensors it is compared with
         n = 1
         for s in self.shape:
