@@ -54,6 +54,13 @@ inline at::Tensor new_cpu_tensor(at::IntArrayRef sizes, const at::TensorOptions&
 // (decided once per process).
 bool use_avx2();
 
+// Whether the native training steps' kernels (csrc/experiments/cpu/step_kernels_per_isa.h) take
+// their AVX-512 copy: use_avx2() and the processor has AVX-512 F, VL, DQ and BW, unless
+// NALU_CUDA_CPU_ISA is "base" or "avx2". The same operations on 32-byte lane vectors as the AVX2
+// copy (32 vector registers instead of 16, and 64-byte vectors in the element-wise loops), so the
+// same bits.
+bool use_avx512();
+
 // fn(args...) of the best instruction set's kernels.
 #ifdef NALU_CPU_HAVE_AVX2
 #define NALU_CPU_CALL(fn, ...) (::nalu_cuda::cpu::use_avx2() ? avx2::fn(__VA_ARGS__) : base::fn(__VA_ARGS__))

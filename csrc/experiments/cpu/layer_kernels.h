@@ -71,8 +71,102 @@ void row_dots_block(const T* const* X, const T* const* V, int64_t b0, int64_t B,
   for (; i < In; ++i)
     for (int r = 0; r < R; ++r)
       for (int p = 0; p < NP; ++p) tail[r][p] += X[p][(b0 + r) * In + i] * V[p][i];
+  // (a layer narrower than one lane vector has only the remainder sums: 0 + tail, the bits of
+  // add_lanes of the untouched zero accumulators + tail, without their 7 additions each)
   for (int r = 0; r < R; ++r)
-    for (int p = 0; p < NP; ++p) dots[p * B + b0 + r] = add_lanes<T>(acc[r][p]) + tail[r][p];
+    for (int p = 0; p < NP; ++p) dots[p * B + b0 + r] = (In < L ? T(0) : add_lanes<T>(acc[r][p])) + tail[r][p];
+}
+
+// The sums of kLanes<T> lane vectors at once: out[k] = the sum of v[k]'s lanes, as the tree
+// ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) (float; double: (l0 + l1) + (l2 + l3)), by
+// shuffles that add the vectors' lanes pairwise side by side: 7 additions and 14 shuffles for 8
+// sums in float, where one sum at a time takes 7 additions and 7 lane extractions each.
+#if defined(__clang__)
+#define NALU_SHUFFLE(a, b, M, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define NALU_SHUFFLE(a, b, M, ...) __builtin_shuffle(a, b, M{__VA_ARGS__})
+#endif
+inline void reduce_lanes(const Lanes<float>* v, float* out) {
+  typedef int32_t M __attribute__((vector_size(32)));
+  Lanes<float> t[4], u[2];
+  for (int k = 0; k < 4; ++k)
+    t[k] = NALU_SHUFFLE(v[2 * k], v[2 * k + 1], M, 0, 8, 2, 10, 4, 12, 6, 14) +
+           NALU_SHUFFLE(v[2 * k], v[2 * k + 1], M, 1, 9, 3, 11, 5, 13, 7, 15);
+  for (int k = 0; k < 2; ++k)
+    u[k] = NALU_SHUFFLE(t[2 * k], t[2 * k + 1], M, 0, 1, 8, 9, 4, 5, 12, 13) +
+           NALU_SHUFFLE(t[2 * k], t[2 * k + 1], M, 2, 3, 10, 11, 6, 7, 14, 15);
+  const Lanes<float> s = NALU_SHUFFLE(u[0], u[1], M, 0, 1, 2, 3, 8, 9, 10, 11) +
+                         NALU_SHUFFLE(u[0], u[1], M, 4, 5, 6, 7, 12, 13, 14, 15);
+  for (int k = 0; k < 8; ++k) out[k] = s[k];
+}
+inline void reduce_lanes(const Lanes<double>* v, double* out) {
+  typedef int64_t M __attribute__((vector_size(32)));
+  Lanes<double> t[2];
+  for (int k = 0; k < 2; ++k)
+    t[k] = NALU_SHUFFLE(v[2 * k], v[2 * k + 1], M, 0, 4, 2, 6) + NALU_SHUFFLE(v[2 * k], v[2 * k + 1], M, 1, 5, 3, 7);
+  const Lanes<double> s = NALU_SHUFFLE(t[0], t[1], M, 0, 1, 4, 5) + NALU_SHUFFLE(t[0], t[1], M, 2, 3, 6, 7);
+  for (int k = 0; k < 4; ++k) out[k] = s[k];
+}
+#undef NALU_SHUFFLE
+
+// Integer lanes of the same width, for bit masks.
+template <typename T>
+struct LaneBitsOf;
+template <>
+struct LaneBitsOf<float> {
+  typedef int32_t type __attribute__((vector_size(32)));
+};
+template <>
+struct LaneBitsOf<double> {
+  typedef int64_t type __attribute__((vector_size(32)));
+};
+template <typename T>
+using LaneBits = typename LaneBitsOf<T>::type;
+
+// A NALU's three sums for two outputs at once, one pass over the rows (In >= kLanes<T>): for every
+// row b, q[k * B + b] for k = 0..5 = sum_i of u[b, i] W0[i], l[b, i] W0[i], u[b, i] G0[i], u[b, i] W1[i],
+// l[b, i] W1[i], u[b, i] G1[i] (l: the logarithms of u). Two rows per pass, each input and logarithm
+// vector loaded once for the six products (where one output per pass loaded them three times); the
+// inputs in whole lane vectors, the last In mod kLanes in one more vector that ends at In, its lanes
+// already counted masked to zero (bitwise: no 0 * inf); the lanes summed by reduce_lanes. One fixed
+// order per sum, so the same bits on any thread and in every instruction set's copy.
+template <typename T>
+void nalu_pair_dots(const T* u, const T* l, const T* const* V, int64_t B, int64_t In, T* q) {
+  constexpr int64_t L = kLanes<T>;
+  constexpr int NP = 6;
+  const int64_t full = In / L * L, rest = In - full;
+  LaneBits<T> keep;
+  for (int64_t k = 0; k < L; ++k) keep[k] = k >= L - rest ? -1 : 0;
+  auto rows = [&](auto rows_per_pass, int64_t b0) {
+    constexpr int R = decltype(rows_per_pass)::value;
+    Lanes<T> acc[R * NP + L];  // (the reduction reads whole groups of L: the ones past R * NP stay zero)
+    for (int k = 0; k < R * NP + L; ++k) acc[k] = Lanes<T>{};
+    auto pass = [&](int64_t i, bool masked) {
+      Lanes<T> w0, w1, g0, g1;
+      load_lanes(w0, V[0] + i), load_lanes(w1, V[1] + i), load_lanes(g0, V[2] + i), load_lanes(g1, V[3] + i);
+      for (int r = 0; r < R; ++r) {
+        Lanes<T> xu, xl;
+        load_lanes(xu, u + (b0 + r) * In + i);
+        load_lanes(xl, l + (b0 + r) * In + i);
+        if (masked) {
+          xu = (Lanes<T>)((LaneBits<T>)xu & keep);
+          xl = (Lanes<T>)((LaneBits<T>)xl & keep);
+        }
+        Lanes<T>* a = acc + r * NP;
+        a[0] += xu * w0, a[1] += xl * w0, a[2] += xu * g0;
+        a[3] += xu * w1, a[4] += xl * w1, a[5] += xu * g1;
+      }
+    };
+    for (int64_t i = 0; i < full; i += L) pass(i, false);
+    if (rest > 0) pass(In - L, true);
+    T sums[R * NP + L];
+    for (int k = 0; k < R * NP; k += L) reduce_lanes(acc + k, sums + k);
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < NP; ++k) q[k * B + b0 + r] = sums[r * NP + k];
+  };
+  int64_t b = 0;
+  for (; b + 2 <= B; b += 2) rows(std::integral_constant<int, 2>{}, b);
+  for (; b < B; ++b) rows(std::integral_constant<int, 1>{}, b);
 }
 
 template <typename T, int NP>
@@ -149,6 +243,48 @@ void col_sums(const T* const* Y, const T* const* c, int64_t cs, const int* into,
     for (int p = 0; p < NP; ++p) store(p, i + j, acc[p][j]);
 }
 
+// The NALU's weight gradients of two outputs at once (In >= kLanes<T>), one pass over the rows:
+// with (da, dm, dz) of output k in c[k][b * 3 + 0..2], G[2 k][i] = sum_b u[b, i] da + sum_b l[b, i] dm
+// (dW) and G[2 k + 1][i] = sum_b u[b, i] dz (dG), each input and logarithm vector loaded once for
+// the six products. Every column's sums run over b in increasing order from 0 and dW adds the two
+// in that order, as col_sums<T, 3> does for one output with into = {0, 0, 1}: the same bits.
+template <typename T>
+void nalu_pair_col_sums(const T* u, const T* l, const T* const* c, int64_t B, int64_t In, T* const* G) {
+  constexpr int64_t L = kLanes<T>;
+  // W lane vectors of columns from i0; the lanes from `from` on stored
+  auto block = [&](auto width, int64_t i0, int64_t from) {
+    constexpr int W = decltype(width)::value;
+    Lanes<T> acc[6][W];
+    for (int k = 0; k < 6; ++k)
+      for (int w = 0; w < W; ++w) acc[k][w] = Lanes<T>{};
+    for (int64_t b = 0; b < B; ++b) {
+      const T* c0 = c[0] + b * 3;
+      const T* c1 = c[1] + b * 3;
+      for (int w = 0; w < W; ++w) {
+        Lanes<T> xu, xl;
+        load_lanes(xu, u + b * In + i0 + w * L);
+        load_lanes(xl, l + b * In + i0 + w * L);
+        acc[0][w] += xu * c0[0], acc[1][w] += xl * c0[1], acc[2][w] += xu * c0[2];
+        acc[3][w] += xu * c1[0], acc[4][w] += xl * c1[1], acc[5][w] += xu * c1[2];
+      }
+    }
+    for (int w = 0; w < W; ++w) {
+      const Lanes<T> dW0 = acc[0][w] + acc[1][w], dW1 = acc[3][w] + acc[4][w];
+      for (int64_t k = w == 0 ? from : 0; k < L; ++k) {
+        const int64_t i = i0 + w * L + k;
+        G[0][i] = dW0[k], G[1][i] = acc[2][w][k], G[2][i] = dW1[k], G[3][i] = acc[5][w][k];
+      }
+    }
+  };
+  int64_t i = 0;
+  for (; i + 2 * L <= In; i += 2 * L) block(std::integral_constant<int, 2>{}, i, 0);
+  if (i + L <= In) {
+    block(std::integral_constant<int, 1>{}, i, 0);
+    i += L;
+  }
+  if (i < In) block(std::integral_constant<int, 1>{}, In - L, i - (In - L));  // the last L columns, the new ones stored
+}
+
 // One layer of one member: u (B, In) -> y (B, Out), its parameters p[0..2] (each (In, Out)
 // row-major) and their gradients g[0..2]. The weights are held transposed, (Out, In), so that every
 // inner loop runs over the contiguous input dimension.
@@ -221,8 +357,8 @@ void Layer<T>::forward_nmu(const T* u, T* y) {  // y = prod_i (W x_i + 1 - W); a
     }
 }
 
-// The NALU: a = x W, m = exp(log(|x| + eps) W), g = sigmoid(x G), y = g a + (1 - g) m; one pass
-// over the rows per output for its three sums.
+// The NALU: a = x W, m = exp(log(|x| + eps) W), g = sigmoid(x G), y = g a + (1 - g) m; the three
+// sums of two outputs per pass over the rows where the layer is wide (nalu_pair_dots), else of one.
 template <typename T>
 void Layer<T>::forward_nalu(const T* u, T* y) {
   lu.resize(B * In);
@@ -237,11 +373,9 @@ void Layer<T>::forward_nalu(const T* u, T* y) {
 #pragma omp simd
     for (int64_t k = 0; k < B * In; ++k) l[k] = math::log_abs(u[k], eps);
   }
-  for (int64_t o = 0; o < Out; ++o) {
-    const T* X[3] = {u, l, u};
-    const T* V[3] = {Wt.data() + o * In, Wt.data() + o * In, Gt.data() + o * In};
-    row_dots<T, 3>(X, V, B, In, q.data());
-    T *qa = q.data(), *qm = qa + B, *qz = qa + 2 * B;
+  // output o from its three sums qa, qa + B, qa + 2 B
+  auto finish = [&](int64_t o, T* qa) {
+    T *qm = qa + B, *qz = qa + 2 * B;
 #pragma omp simd
     for (int64_t b = 0; b < B; ++b) {
       qm[b] = math::exp_(qm[b]);
@@ -253,6 +387,22 @@ void Layer<T>::forward_nalu(const T* u, T* y) {
       g[b * Out + o] = qz[b];
       y[b * Out + o] = math::blend(qa[b], qm[b], qz[b]);
     }
+  };
+  int64_t o = 0;
+  if (In >= kLanes<T>) {  // two outputs per pass over the rows (a wide layer: the first)
+    q.resize(B * 6);
+    for (; o + 2 <= Out; o += 2) {
+      const T* V[4] = {Wt.data() + o * In, Wt.data() + (o + 1) * In, Gt.data() + o * In, Gt.data() + (o + 1) * In};
+      nalu_pair_dots(u, l, V, B, In, q.data());
+      finish(o, q.data());
+      finish(o + 1, q.data() + 3 * B);
+    }
+  }
+  for (; o < Out; ++o) {  // one output per pass
+    const T* X[3] = {u, l, u};
+    const T* V[3] = {Wt.data() + o * In, Wt.data() + o * In, Gt.data() + o * In};
+    row_dots<T, 3>(X, V, B, In, q.data());
+    finish(o, q.data());
   }
 }
 
@@ -326,11 +476,19 @@ void layer_weight_grads(Layer<T>& L, const T* u, const T* dy) {
   const int64_t B = L.B, In = L.In, Out = L.Out;
   if (L.kind == Kind::kNalu) {
     L.q.resize(Out * B * 3);  // (da, dm, dz) per output and row
-    for (int64_t o = 0; o < Out; ++o) {
+    for (int64_t o = 0; o < Out; ++o)
       for (int64_t b = 0; b < B; ++b) {
         T* qb = L.q.data() + (o * B + b) * 3;
         math::blend_backward(dy[b * Out + o], L.a[b * Out + o], L.m[b * Out + o], L.g[b * Out + o], &qb[0], &qb[1], &qb[2]);
       }
+    int64_t o = 0;
+    if (In >= kLanes<T>)  // two outputs per pass over the rows (a wide layer: the first)
+      for (; o + 2 <= Out; o += 2) {
+        const T* c[2] = {L.q.data() + o * B * 3, L.q.data() + (o + 1) * B * 3};
+        T* G[4] = {L.dWt.data() + o * In, L.dGt.data() + o * In, L.dWt.data() + (o + 1) * In, L.dGt.data() + (o + 1) * In};
+        nalu_pair_col_sums(u, L.lu.data(), c, B, In, G);
+      }
+    for (; o < Out; ++o) {
       const T* Y[3] = {u, L.lu.data(), u};
       const T* qo = L.q.data() + o * B * 3;
       const T* c[3] = {qo, qo + 1, qo + 2};
