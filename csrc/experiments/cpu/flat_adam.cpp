@@ -1,7 +1,7 @@
 // flat_adam.cpp: see flat_adam.h.
 #include "experiments/cpu/flat_adam.h"
 
-#include "common/cpu/isa.h"  // use_avx2()
+#include "common/cpu/isa.h"  // use_avx2(), use_avx512()
 #include "experiments/cpu/fp_contract.h"
 
 #include <ATen/Dispatch.h>
@@ -84,6 +84,15 @@ void update_run_avx2(T* p, const T* g, T* m, T* v, int64_t n, bool frozen, T gsc
   update_run_impl(p, g, m, v, n, frozen, gscale, s);
 }
 #pragma GCC pop_options
+// The same element-wise loop in 64-byte vectors where the processor has AVX-512 (cpu::use_avx512()):
+// every element's operations are the same (no contraction, NALU_FP_CONTRACT_OFF above), so the same bits.
+#pragma GCC push_options
+#pragma GCC target("avx2,avx512f,avx512vl,avx512dq,prefer-vector-width=512")
+template <typename T>
+void update_run_avx512(T* p, const T* g, T* m, T* v, int64_t n, bool frozen, T gscale, const AdamScalars<T>& s) {
+  update_run_impl(p, g, m, v, n, frozen, gscale, s);
+}
+#pragma GCC pop_options
 #endif
 
 std::string describe(const at::Tensor& t) {
@@ -151,7 +160,7 @@ at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const
                            static_cast<T>(1.0 / std::sqrt(bc2)), static_cast<T>(eps), static_cast<T>(-lr / bc1)};
     auto run = &update_run<T>;
 #ifdef NALU_ADAM_HAVE_AVX2
-    if (cpu::use_avx2()) run = &update_run_avx2<T>;
+    if (cpu::use_avx2()) run = cpu::use_avx512() ? &update_run_avx512<T> : &update_run_avx2<T>;
 #endif
     T* p = param.data_ptr<T>();
     const T* g = grad.const_data_ptr<T>();
