@@ -1,13 +1,16 @@
 // layer_kernels.h: one NAC, NALU, NAU or NMU layer of one member, forward and backward, for the
 // native training steps (the static task's, ensemble_step.cpp; the recurrent task's,
 // recurrent_step.cpp), and the MSE they both train on. Included by those files once per
-// instruction set inside that set's namespace (base; avx2 under the AVX2 target), after every
-// header it needs (and step_common.h's Kind): so no include guard and no includes here.
+// instruction set inside that set's namespace (base; avx2 and avx512 under their targets), after
+// every header it needs (and step_common.h's Kind): so no include guard and no includes here.
 
 // The wide loops of a layer run on lane vectors of kLanes elements (32 bytes: one AVX2 register,
-// two SSE registers in the base build). Every sum has one fixed order, whatever the thread count:
-// lane l of an accumulator takes the terms i = l (mod kLanes) in increasing i, the lanes are added
-// 0 + 1 + ... in order, then the sum of the remainder columns (taken in increasing i).
+// two SSE registers in the base build, half an AVX-512 register). Every sum has one fixed order,
+// whatever the thread count and the instruction set: in row_dots, lane l of an accumulator takes
+// the terms i = l (mod kLanes) in increasing i, the lanes are added 0 + 1 + ... in order, then the
+// sum of the remainder columns (taken in increasing i); nalu_pair_dots takes the remainder in one
+// more masked vector and adds the lanes as a tree (reduce_lanes); the column sums run over the rows
+// in increasing order, one column per lane.
 template <typename T>
 struct LanesOf;
 // (`unaligned`: the same vector at the element's alignment, read in place, as immintrin.h's __m256_u)
