@@ -46,6 +46,27 @@ inline T add_lanes(const Lanes<T>& v) {
   return s;
 }
 
+// The column sums' vectors: one column per lane, each column's sum taken over the rows in order, so
+// any width gives the same bits. NALU_STEP_COLUMN_BYTES (64 in the AVX-512 copy, set by
+// step_kernels_per_isa.h; else 32, the lane vectors' width).
+#ifndef NALU_STEP_COLUMN_BYTES
+#define NALU_STEP_COLUMN_BYTES 32
+#endif
+template <typename T>
+struct ColsOf {
+  typedef T type __attribute__((vector_size(NALU_STEP_COLUMN_BYTES)));
+  typedef T unaligned __attribute__((vector_size(NALU_STEP_COLUMN_BYTES), aligned(sizeof(T)), may_alias));
+};
+template <typename T>
+using Cols = typename ColsOf<T>::type;
+template <typename T>
+constexpr int64_t kCols = static_cast<int64_t>(NALU_STEP_COLUMN_BYTES / sizeof(T));
+
+template <typename T>
+inline __attribute__((always_inline)) void load_cols(Cols<T>& v, const T* p) {
+  v = *reinterpret_cast<const typename ColsOf<T>::unaligned*>(p);
+}
+
 // Row dot products, R rows and NP (matrix, vector) pairs per pass over the inputs:
 // dots[p * B + b] = sum_i X[p][b * In + i] * V[p][i] for every row b < B.
 template <typename T, int NP, int R>
@@ -185,7 +206,7 @@ void row_dots(const T* const* X, const T* const* V, int64_t B, int64_t In, T* do
 // same `into` added in pair order (the first one sets it).
 template <typename T, int NP>
 void col_sums(const T* const* Y, const T* const* c, int64_t cs, const int* into, int64_t B, int64_t In, T* const* G) {
-  constexpr int64_t L = kLanes<T>;
+  constexpr int64_t L = kCols<T>;
   auto store = [&](int p, int64_t i, T v) {
     bool first = true;
     for (int q = 0; q < p; ++q) first = first && into[q] != into[p];
@@ -193,14 +214,14 @@ void col_sums(const T* const* Y, const T* const* c, int64_t cs, const int* into,
   };
   int64_t i = 0;
   for (; i + 2 * L <= In; i += 2 * L) {
-    Lanes<T> acc[NP][2];
-    for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = Lanes<T>{};
+    Cols<T> acc[NP][2];
+    for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = Cols<T>{};
     for (int64_t b = 0; b < B; ++b)
       for (int p = 0; p < NP; ++p) {
         const T k = c[p][b * cs];
-        Lanes<T> y0, y1;
-        load_lanes(y0, Y[p] + b * In + i);
-        load_lanes(y1, Y[p] + b * In + i + L);
+        Cols<T> y0, y1;
+        load_cols(y0, Y[p] + b * In + i);
+        load_cols(y1, Y[p] + b * In + i + L);
         acc[p][0] += y0 * k;
         acc[p][1] += y1 * k;
       }
@@ -216,12 +237,12 @@ void col_sums(const T* const* Y, const T* const* c, int64_t cs, const int* into,
   // (and where fewer than L columns are left of a row of at least L: the last L columns, of which
   // only the ones left are stored, the others were stored above with the same bits)
   auto block = [&](int64_t i0, int64_t from) {
-    Lanes<T> acc[NP];
-    for (int p = 0; p < NP; ++p) acc[p] = Lanes<T>{};
+    Cols<T> acc[NP];
+    for (int p = 0; p < NP; ++p) acc[p] = Cols<T>{};
     for (int64_t b = 0; b < B; ++b)
       for (int p = 0; p < NP; ++p) {
-        Lanes<T> y;
-        load_lanes(y, Y[p] + b * In + i0);
+        Cols<T> y;
+        load_cols(y, Y[p] + b * In + i0);
         acc[p] += y * c[p][b * cs];
       }
     for (int p = 0; p < NP; ++p)
@@ -246,33 +267,33 @@ void col_sums(const T* const* Y, const T* const* c, int64_t cs, const int* into,
     for (int p = 0; p < NP; ++p) store(p, i + j, acc[p][j]);
 }
 
-// The NALU's weight gradients of two outputs at once (In >= kLanes<T>), one pass over the rows:
+// The NALU's weight gradients of two outputs at once (In >= kCols<T>), one pass over the rows:
 // with (da, dm, dz) of output k in c[k][b * 3 + 0..2], G[2 k][i] = sum_b u[b, i] da + sum_b l[b, i] dm
 // (dW) and G[2 k + 1][i] = sum_b u[b, i] dz (dG), each input and logarithm vector loaded once for
 // the six products. Every column's sums run over b in increasing order from 0 and dW adds the two
 // in that order, as col_sums<T, 3> does for one output with into = {0, 0, 1}: the same bits.
 template <typename T>
 void nalu_pair_col_sums(const T* u, const T* l, const T* const* c, int64_t B, int64_t In, T* const* G) {
-  constexpr int64_t L = kLanes<T>;
+  constexpr int64_t L = kCols<T>;
   // W lane vectors of columns from i0; the lanes from `from` on stored
   auto block = [&](auto width, int64_t i0, int64_t from) {
     constexpr int W = decltype(width)::value;
-    Lanes<T> acc[6][W];
+    Cols<T> acc[6][W];
     for (int k = 0; k < 6; ++k)
-      for (int w = 0; w < W; ++w) acc[k][w] = Lanes<T>{};
+      for (int w = 0; w < W; ++w) acc[k][w] = Cols<T>{};
     for (int64_t b = 0; b < B; ++b) {
       const T* c0 = c[0] + b * 3;
       const T* c1 = c[1] + b * 3;
       for (int w = 0; w < W; ++w) {
-        Lanes<T> xu, xl;
-        load_lanes(xu, u + b * In + i0 + w * L);
-        load_lanes(xl, l + b * In + i0 + w * L);
+        Cols<T> xu, xl;
+        load_cols(xu, u + b * In + i0 + w * L);
+        load_cols(xl, l + b * In + i0 + w * L);
         acc[0][w] += xu * c0[0], acc[1][w] += xl * c0[1], acc[2][w] += xu * c0[2];
         acc[3][w] += xu * c1[0], acc[4][w] += xl * c1[1], acc[5][w] += xu * c1[2];
       }
     }
     for (int w = 0; w < W; ++w) {
-      const Lanes<T> dW0 = acc[0][w] + acc[1][w], dW1 = acc[3][w] + acc[4][w];
+      const Cols<T> dW0 = acc[0][w] + acc[1][w], dW1 = acc[3][w] + acc[4][w];
       for (int64_t k = w == 0 ? from : 0; k < L; ++k) {
         const int64_t i = i0 + w * L + k;
         G[0][i] = dW0[k], G[1][i] = acc[2][w][k], G[2][i] = dW1[k], G[3][i] = acc[5][w][k];
@@ -485,7 +506,7 @@ void layer_weight_grads(Layer<T>& L, const T* u, const T* dy) {
         math::blend_backward(dy[b * Out + o], L.a[b * Out + o], L.m[b * Out + o], L.g[b * Out + o], &qb[0], &qb[1], &qb[2]);
       }
     int64_t o = 0;
-    if (In >= kLanes<T>)  // two outputs per pass over the rows (a wide layer: the first)
+    if (In >= kCols<T>)  // two outputs per pass over the rows (a wide layer: the first)
       for (; o + 2 <= Out; o += 2) {
         const T* c[2] = {L.q.data() + o * B * 3, L.q.data() + (o + 1) * B * 3};
         T* G[4] = {L.dWt.data() + o * In, L.dGt.data() + o * In, L.dWt.data() + (o + 1) * In, L.dGt.data() + (o + 1) * In};

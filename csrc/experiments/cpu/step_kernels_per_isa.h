@@ -5,8 +5,8 @@
 // where the CPU has AVX-512 (cpu::use_avx512()), else run(avx2::fn) where it has AVX2
 // (cpu::use_avx2()), else run(base::fn). The AVX-512 copy is the AVX2 copy's code with 32 vector
 // registers, and 64-byte vectors where the compiler vectorises an element-wise loop (the
-// logarithms of a NALU's inputs: about 1.6x faster); the kernels' sums run on their own 32-byte
-// lane vectors in every copy, so every copy gives the same bits (tested). Included by ensemble_step.cpp and
+// logarithms of a NALU's inputs: about 1.6x faster) and the column sums (one column per lane); the
+// other sums run on their 32-byte lane vectors in every copy, so every copy gives the same bits (tested). Included by ensemble_step.cpp and
 // recurrent_step.cpp after every header the kernels need; no include guard.
 #ifndef NALU_STEP_KERNELS
 #error "define NALU_STEP_KERNELS (the step's kernel header) before including step_kernels_per_isa.h"
@@ -26,10 +26,13 @@ namespace avx2 {
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avx512f,avx512vl,avx512dq,avx512bw,prefer-vector-width=512")
+#undef NALU_STEP_COLUMN_BYTES  // (32, as layer_kernels.h set it for the copies above)
+#define NALU_STEP_COLUMN_BYTES 64
 namespace avx512 {
 #include "experiments/cpu/layer_kernels.h"
 #include NALU_STEP_KERNELS
 }  // namespace avx512
+#undef NALU_STEP_COLUMN_BYTES
 #pragma GCC pop_options
 #endif
 
