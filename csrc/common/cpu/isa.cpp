@@ -30,8 +30,8 @@ bool use_avx2() {
 bool use_avx512() {
 #ifdef NALU_CPU_HAVE_AVX2
   static const bool kUse = [] {
-    const char* forced = std::getenv("NALU_CUDA_CPU_ISA");
-    if (forced != nullptr && (std::strcmp(forced, "base") == 0 || std::strcmp(forced, "avx2") == 0)) return false;
+    const char* forced = std::getenv("NALU_CUDA_CPU_ISA");  // ("base": use_avx2() is false)
+    if (forced != nullptr && std::strcmp(forced, "avx2") == 0) return false;
     return use_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
   }();

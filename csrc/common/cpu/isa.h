@@ -56,9 +56,9 @@ bool use_avx2();
 
 // Whether the native training steps' kernels (csrc/experiments/cpu/step_kernels_per_isa.h) take
 // their AVX-512 copy: use_avx2() and the processor has AVX-512 F, VL, DQ and BW, unless
-// NALU_CUDA_CPU_ISA is "base" or "avx2". The same operations on 32-byte lane vectors as the AVX2
-// copy (32 vector registers instead of 16, and 64-byte vectors in the element-wise loops), so the
-// same bits.
+// NALU_CUDA_CPU_ISA is "base" or "avx2". The same operations per element as the AVX2 copy (32
+// vector registers instead of 16, 64-byte vectors in the element-wise loops and the column sums),
+// so the same bits.
 bool use_avx512();
 
 // fn(args...) of the best instruction set's kernels.

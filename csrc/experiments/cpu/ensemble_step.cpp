@@ -89,7 +89,7 @@ void draw_group(const StepArgs& a, const Draw& d, int64_t e0, int64_t G, float* 
 
 }  // namespace
 
-// The per-member kernels, once per instruction set (the ops pick one with cpu::use_avx2()).
+// The per-member kernels, once per instruction set (the ops pick one: NALU_STEP_PER_ISA).
 #define NALU_STEP_KERNELS "experiments/cpu/ensemble_step_kernels.h"
 #include "experiments/cpu/step_kernels_per_isa.h"
 

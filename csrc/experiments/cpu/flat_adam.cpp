@@ -70,28 +70,26 @@ NALU_ADAM_INLINE void update_run_impl(T* p, const T* g, T* m, T* v, int64_t n, b
   }
 }
 
-template <typename T>
-void update_run(T* p, const T* g, T* m, T* v, int64_t n, bool frozen, T gscale, const AdamScalars<T>& s) {
-  update_run_impl(p, g, m, v, n, frozen, gscale, s);
-}
+// update_run_impl compiled under the target in force where it is written: NAME<T>.
+#define NALU_ADAM_UPDATE_RUN(NAME)                                                                          \
+  template <typename T>                                                                                     \
+  void NAME(T* p, const T* g, T* m, T* v, int64_t n, bool frozen, T gscale, const AdamScalars<T>& s) {    \
+    update_run_impl(p, g, m, v, n, frozen, gscale, s);                                                      \
+  }
+
+NALU_ADAM_UPDATE_RUN(update_run)
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define NALU_ADAM_HAVE_AVX2 1
 #pragma GCC push_options
 #pragma GCC target("avx2")
-template <typename T>
-void update_run_avx2(T* p, const T* g, T* m, T* v, int64_t n, bool frozen, T gscale, const AdamScalars<T>& s) {
-  update_run_impl(p, g, m, v, n, frozen, gscale, s);
-}
+NALU_ADAM_UPDATE_RUN(update_run_avx2)
 #pragma GCC pop_options
 // The same element-wise loop in 64-byte vectors where the processor has AVX-512 (cpu::use_avx512()):
 // every element's operations are the same (no contraction, NALU_FP_CONTRACT_OFF above), so the same bits.
 #pragma GCC push_options
 #pragma GCC target("avx2,avx512f,avx512vl,avx512dq,prefer-vector-width=512")
-template <typename T>
-void update_run_avx512(T* p, const T* g, T* m, T* v, int64_t n, bool frozen, T gscale, const AdamScalars<T>& s) {
-  update_run_impl(p, g, m, v, n, frozen, gscale, s);
-}
+NALU_ADAM_UPDATE_RUN(update_run_avx512)
 #pragma GCC pop_options
 #endif
 

@@ -45,7 +45,7 @@ struct LstmShape {
   int64_t row(int64_t t, int64_t e, int64_t b, int64_t width) const { return ((t * E + e) * B + b) * width; }
 };
 
-// The per-member kernels, once per instruction set (the ops pick one with cpu::use_avx2()).
+// The per-member kernels, once per instruction set (the ops pick one: NALU_STEP_PER_ISA).
 #define NALU_STEP_KERNELS "experiments/cpu/lstm_sequence_kernels.h"
 #include "experiments/cpu/step_kernels_per_isa.h"
 

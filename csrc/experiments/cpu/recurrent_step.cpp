@@ -87,7 +87,7 @@ void draw_seeds(const RecurrentArgs& a, const RecurrentDraw& d, int64_t s0, int6
     }
 }
 
-// The per-member kernels, once per instruction set (the ops pick one with cpu::use_avx2()).
+// The per-member kernels, once per instruction set (the ops pick one: NALU_STEP_PER_ISA).
 #define NALU_STEP_KERNELS "experiments/cpu/recurrent_step_kernels.h"
 #include "experiments/cpu/step_kernels_per_isa.h"
 

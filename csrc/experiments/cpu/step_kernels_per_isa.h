@@ -5,9 +5,10 @@
 // where the CPU has AVX-512 (cpu::use_avx512()), else run(avx2::fn) where it has AVX2
 // (cpu::use_avx2()), else run(base::fn). The AVX-512 copy is the AVX2 copy's code with 32 vector
 // registers, and 64-byte vectors where the compiler vectorises an element-wise loop (the
-// logarithms of a NALU's inputs: about 1.6x faster) and the column sums (one column per lane); the
-// other sums run on their 32-byte lane vectors in every copy, so every copy gives the same bits (tested). Included by ensemble_step.cpp and
-// recurrent_step.cpp after every header the kernels need; no include guard.
+// logarithms of a NALU's inputs) and in the column sums (one column per lane); the other sums run
+// on their 32-byte lane vectors in every copy, so every copy gives the same bits
+// (python_tests/test_step_isa.py). Included by ensemble_step.cpp, recurrent_step.cpp and
+// lstm_sequence.cpp after every header the kernels need; no include guard.
 #ifndef NALU_STEP_KERNELS
 #error "define NALU_STEP_KERNELS (the step's kernel header) before including step_kernels_per_isa.h"
 #endif
