@@ -3,6 +3,7 @@ seed-step of one configuration of each model, relative to NAC, on this machine's
 
     OMP_NUM_THREADS=1 python benchmarks/cost_factors.py
     OMP_NUM_THREADS=1 python benchmarks/cost_factors.py --sequence [TASK ...]
+    OMP_NUM_THREADS=1 python benchmarks/cost_factors.py --gridworld-profile a3c|nac
 
 ``--sequence``: the sequence tasks' cost factors (each experiment's ``cost_factor`` and
 ``model_costs``): every ``paper`` configuration of each task run twice, at a few and at more
@@ -69,9 +70,10 @@ def per_seed_step(cfg, steps, out) -> float:
     return (b - a) / ((steps[1] - steps[0]) * cfg.seeds)
 
 
-def gridworld_step_time(agent: str, n: int = 4) -> float:
+def gridworld_step_time(agent: str, n: int = 4, profile: bool = False) -> float:
     """CPU seconds per seed-step of a paper-profile grid-world training step (the episodes, the A2C
-    loss, backward and the optimiser step), after one step of warm-up."""
+    loss, backward and the optimiser step), after one step of warm-up; ``profile``: the timed steps
+    under torch.profiler, its table of ops by their own CPU time printed."""
     from nalu_cuda.experiments.parts.gridworld_agent import GridAgent, a2c_loss, episode_seed, play
     from nalu_cuda.experiments.parts.gridworld_env import GridWorldVectorEnv
     from nalu_cuda.experiments.parts.optim import FlatAdam
@@ -84,16 +86,23 @@ def gridworld_step_time(agent: str, n: int = 4) -> float:
     opt = FlatAdam(model.parameters(), p.lr, ensemble=E, clip=p.clip)
     env = GridWorldVectorEnv(E * p.envs, t_low=p.t_low, t_high=p.t_high, slack=p.slack)
     gens = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
     for i in range(n + 1):
         if i == 1:
             t = time.process_time()
+            if prof is not None:
+                prof.__enter__()
         ep = play(model, env, seed=episode_seed(gens[0]), act_gen=gens[1])
         loss, _ = a2c_loss(ep["logits"], ep["values"], ep["actions"], ep["rewards"], ep["done"], ep["mask"],
                            gamma=p.gamma, lmbda=p.lmbda, value_coef=p.value_coef, entropy_coef=p.entropy_coef)
         opt.zero_grad()
         loss.sum().backward()
         opt.step_ensemble(torch.zeros(E, dtype=torch.bool), False)
-    return (time.process_time() - t) / (n * E)
+    spent = time.process_time() - t
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    return spent / (n * E)
 
 
 def sequence_factors(tasks, out) -> None:
@@ -128,6 +137,13 @@ def sequence_factors(tasks, out) -> None:
 def main():
     import sys
     import tempfile
+
+    if "--gridworld-profile" in sys.argv:  # one agent's paper-profile update, timed and profiled
+        torch.set_num_threads(1)
+        agent = sys.argv[sys.argv.index("--gridworld-profile") + 1]
+        per = gridworld_step_time(agent, profile=True)
+        print(f"gridworld {agent}: {per:.3g} CPU s per seed-step, {per * 10:.3g} s per update of the 10 seeds")
+        return
 
     if "--sequence" in sys.argv:
         torch.set_num_threads(1)
