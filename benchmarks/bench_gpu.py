@@ -223,12 +223,14 @@ class Run:
             ratio = f"{base / r['median_us']:.2f}x" if base and r.get("median_us") else "-"
             out.append([r["stage"], r.get("unit", "-"), r.get("shape", "-"), r.get("mode", "-"), r.get("provider", "-"),
                         f(r.get("median_us")), f(r.get("p20_us")), f(r.get("p80_us")), ratio, f(r.get("gb_per_s")),
-                        f(r.get("max_rel_err"), ".2g"), "on" if r["tf32"] else "off"])
+                        f(r.get("seed_steps_per_s"), ",.0f"), f(r.get("max_rel_err"), ".2g"),
+                        "on" if r["tf32"] else "off"])
         head = ["stage", "unit", "shape", "mode", "provider", "median us", "p20 us", "p80 us",
-                "vs reference row", "GB/s", "max rel err", "TF32"]
+                "vs reference row", "GB/s", "seed-steps/s", "max rel err", "TF32"]
         notes = ["", "`vs reference row`: the reference's time over this row's (> 1: this row is faster). ops and "
                  "compile: eager per call for per-call rows, eager graph replay for graph rows (kernel-only); large: "
-                 "the bare cuBLAS products. GB/s counts bytes read plus written."]
+                 "the bare cuBLAS products. GB/s counts bytes read plus written. training: median us is one step of the "
+                 "whole ensemble; seed-steps/s = members x steps per second."]
         if self.failures:
             notes += ["", "## Correctness failures", ""] + [f"- {x}" for x in self.failures]
         if self.skipped:

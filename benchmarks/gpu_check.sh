@@ -8,7 +8,8 @@
 # Stages, each time-boxed inside one overall budget (GPU_CHECK_BUDGET seconds, default 420: the
 # whole run ends within 8 minutes of wall time with a minute of margin); a stage gets at most its
 # own limit and never more than what is left, and the run goes on after a failed stage:
-#   environment  GPU, driver, nvcc, CPU model, Python.h and g++ (a torch extension can build), commit
+#   environment  GPU, driver, nvcc, CPU model, Python.h and g++ (a torch extension can build), commit;
+#                a dry run also checks that a g++ linking libstdc++ statically is refused
 #   build        setup.py build_ext --inplace for the local GPU's architecture        (limit 170 s)
 #   kernels      .ci/check_cuda_build.py: every op has a CUDA kernel                   (limit 20 s)
 #   tests        python_tests/test_cuda.py without the torch.compile cases, incl. CUDA-graph capture
@@ -76,7 +77,7 @@ finish() {
   echo
   echo "================ gpu_check summary (commit $NALU_CUDA_COMMIT, $(elapsed) s) ================"
   printf '  %s\n' "${SUMMARY[@]}"
-  [ -f "$OUT_DIR/bench_gpu.md" ] && sed -n '/^| stage/,/^$/p' "$OUT_DIR/bench_gpu.md" | head -n 60
+  [ -f "$OUT_DIR/bench_gpu.md" ] && sed -n '/^| stage/,/^$/p' "$OUT_DIR/bench_gpu.md" | head -n 150
   echo "  results: $OUT_DIR ($(ls "$OUT_DIR" | wc -l) files)"
   exit $FAILED
 }
@@ -109,7 +110,11 @@ echo 'int main() { return 0; }' >/tmp/gpu_check_cxx.cpp
 # builds an extension that crashes in its first error message; setup.py's compiler check says so
 # (setup.py _check_compiler). Take the system compiler then.
 static_libstdcxx() {  # static_libstdcxx CXX: true when setup.py refuses CXX for that reason
-  CXX="$1" "$PY" setup.py --name 2>&1 | grep -q "own copy of libstdc++"
+  # (setup.py's output kept whole first: under pipefail, a pipe into grep -q would take setup.py's
+  # failing exit status for the pipeline's and never report the refusal)
+  local said
+  said="$(CXX="$1" "$PY" setup.py --name 2>&1)"
+  grep -q "own copy of libstdc++" <<<"$said"
 }
 if static_libstdcxx "${CXX:-g++}"; then
   if [ -x /usr/bin/g++ ] && ! static_libstdcxx /usr/bin/g++; then
@@ -120,7 +125,14 @@ if static_libstdcxx "${CXX:-g++}"; then
   fi
 fi
 if [ "$DRY" = 1 ]; then
-  record environment "ok: dry run (Python.h and g++: $([ $ENV_OK = 1 ] && echo found || echo MISSING))"
+  # The check above, tried on a compiler known to be refused: a wrapper that links libstdc++ statically.
+  printf '#!/bin/sh\nexec %s -static-libstdc++ "$@"\n' "${CXX:-g++}" >/tmp/gpu_check_static_cxx
+  chmod +x /tmp/gpu_check_static_cxx
+  if ! static_libstdcxx /tmp/gpu_check_static_cxx; then
+    record environment "FAILED: the compiler check did not refuse a g++ that links libstdc++ statically"
+  else
+    record environment "ok: dry run (Python.h and g++: $([ $ENV_OK = 1 ] && echo found || echo MISSING))"
+  fi
 elif ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   record environment "FAILED: no CUDA device visible to $PY"
   exit

@@ -11,8 +11,14 @@
 //      objective's finiteness and the member's flag (thread 0);
 //   4. d MSE / dy, layer 2's backward per row (its input gradient dh and its weights' terms), then
 //      its weight gradients (one thread per weight, a sum over the rows);
-//   5. layer 1's backward: the blend's gradients per (row, output), then one thread per input column
-//      sums over the rows (adjacent threads read adjacent inputs), through the weight construction.
+//   5. layer 1's backward: the blend's gradients per (row, output), then the column sums: the rows
+//      split into S = min(B, threads / I) strided slices, one thread per (slice, input column)
+//      (adjacent threads read adjacent inputs) summing its slice for every output, then one thread
+//      per weight adding the S partial sums in slice order, through the weight construction.
+//
+// A block has 1024 threads: at the paper's ensemble (100 members, fewer than an H200's 132
+// multiprocessors) one block per member is all the parallelism there is, and 256 threads left
+// three quarters of each multiprocessor's warp slots empty (benchmarks/RESULTS.md, GPU section).
 //
 // With the batch drawn in the kernel (static_ensemble_grad_counter), an input is a function of
 // (seed, step, index) computed wherever the kernel reads it (phases 2 and 5), never stored, and the
@@ -36,7 +42,7 @@ namespace nalu_cuda {
 namespace training {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -98,8 +104,17 @@ __device__ __forceinline__ void param_grads(StepKind kind, const T* const* p, T*
 }
 
 // The workspace of one member (static_grad_work_elems): the regions the kernel lays out below.
+// The last region holds phase 5's partial column sums: S slices x I inputs <= kThreads (or S = 1),
+// times H outputs x 3 sums.
 __host__ __device__ inline int64_t work_elems(int64_t B, int64_t I, int64_t H) {
-  return 2 * H * I + 2 * H + 9 * B * H + 8 * B;
+  const int64_t partials = 3 * H * (I > kThreads ? I : kThreads);
+  return 2 * H * I + 2 * H + 9 * B * H + 8 * B + partials;
+}
+
+// Phase 5's slices of rows per input column: as many as the block's threads allow, at most B.
+__host__ __device__ inline int64_t column_slices(int64_t B, int64_t I, int64_t nt) {
+  const int64_t s = I > 0 ? nt / I : 1;
+  return s < 1 ? 1 : (s > B ? (B > 0 ? B : 1) : s);
 }
 
 // lowbias32, the 32-bit integer hash of CounterStream (counter_stream.py hash32), in uint32 arithmetic.
@@ -170,6 +185,7 @@ __global__ void __launch_bounds__(kThreads) static_grad_kernel(StaticGradArgs a)
   T* dh = c2 + B * H; // (B, H) d loss / dh
   T* d1 = dh + B * H; // (B, H, 3) layer 1's (da, dm, dz)
   T* drawn_t = d1 + 3 * B * H;  // (B) the drawn batch's targets
+  T* part = drawn_t + B;        // (S, I, H, 3) phase 5's partial column sums
 
   // the member's inputs x(b, i) and targets
   const T* x = DRAWN ? nullptr : static_cast<const T*>(a.x) + e * B * I;
@@ -343,20 +359,48 @@ __global__ void __launch_bounds__(kThreads) static_grad_kernel(StaticGradArgs a)
     }
   }
   __syncthreads();
-  for (int64_t i = tid; i < I; i += nt) {
-    for (int64_t o = 0; o < H; ++o) {
-      T dW = T(0), dL = T(0), dG = T(0);
-      for (int64_t b = 0; b < B; ++b) {
+  // Partial sums: thread (s, i) over rows b = s, s + S, ..., every output (four at a time in
+  // registers, each input drawn once per four outputs).
+  const int64_t S = column_slices(B, I, nt);
+  for (int64_t q = tid; q < S * I; q += nt) {
+    const int64_t i = q % I, sl = q / I;
+    for (int64_t o0 = 0; o0 < H; o0 += 4) {
+      T dW[4] = {}, dL[4] = {}, dG[4] = {};
+      for (int64_t b = sl; b < B; b += S) {
         const T xi = xin(b, i);
-        const T* c = d1 + 3 * (b * H + o);
-        dW += xi * c[0];
-        if (k1 == StepKind::kNalu) {
-          dL += math::log_abs(xi, eps) * c[1];
-          dG += xi * c[2];
+        const T li = k1 == StepKind::kNalu ? math::log_abs(xi, eps) : T(0);
+        const T* c = d1 + 3 * (b * H + o0);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (o0 + u < H) {
+            dW[u] += xi * c[3 * u];
+            if (k1 == StepKind::kNalu) {
+              dL[u] += li * c[3 * u + 1];
+              dG[u] += xi * c[3 * u + 2];
+            }
+          }
         }
       }
-      param_grads(k1, p[0], g[0], i * H + o, k1 == StepKind::kNalu ? dW + dL : dW, dG, rws, I * H);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (o0 + u < H) {
+          T* pq = part + 3 * ((sl * I + i) * H + o0 + u);
+          pq[0] = dW[u], pq[1] = dL[u], pq[2] = dG[u];
+        }
+      }
     }
+  }
+  __syncthreads();
+  // The slices' sums in slice order, one thread per weight (i, o).
+  for (int64_t k = tid; k < I * H; k += nt) {
+    T dW = T(0), dL = T(0), dG = T(0);
+    for (int64_t sl = 0; sl < S; ++sl) {
+      const T* pq = part + 3 * (sl * I * H + k);
+      dW += pq[0];
+      dL += pq[1];
+      dG += pq[2];
+    }
+    param_grads(k1, p[0], g[0], k, k1 == StepKind::kNalu ? dW + dL : dW, dG, rws, I * H);
   }
 }
 

@@ -57,6 +57,11 @@ constexpr int64_t kRowwiseMaxIn = 8192;     // keeps I, O I in int on the rowwis
 constexpr size_t kSmemLimit = 48 * 1024 - 256;
 constexpr int64_t kTargetBlocks = 512;      // rows are split until about this many blocks...
 constexpr int64_t kBwdRowsPerGroup = 4;     // ...but a backward block keeps >= 4 rows per group
+// The forward splits rows further (its blocks are independent; its values do not depend on the
+// split): about two full waves of an H200 (132 multiprocessors x 8 blocks of 256 threads), which
+// the memory-bound shape needs to keep enough reads in flight (benchmarks/RESULTS.md, GPU section).
+constexpr int64_t kFwdTargetBlocks = 2048;
+constexpr int kFwdLoads = 4;                // a lane's reads in flight per row in the forward
 
 // ---------------------------------------------------------------------------------------------
 // Rowwise path
@@ -150,19 +155,32 @@ __global__ void __launch_bounds__(kThreads)
     A acc_a[MAXO], acc_u[MAXO], acc_z[MAXO];
 #pragma unroll
     for (int j = 0; j < MAXO; ++j) acc_a[j] = acc_u[j] = acc_z[j] = A(0);
-    for (int i = lane; i < I; i += L) {
-      const A xv = ld<A, T>(p.x, xoff + i);
-      A lv = A(0);
-      if (MUL) {
-        lv = nm::log_abs(xv, eps);
-        st<T>(out.lx, xoff + i, lv);
+    // A lane's inputs i = lane, lane + L, ... in runs of kFwdLoads: the run's loads are issued
+    // before its math, so that a warp keeps several reads in flight (the same order of sums).
+    for (int i0 = lane; i0 < I; i0 += kFwdLoads * L) {
+      A xr[kFwdLoads];
+#pragma unroll
+      for (int u = 0; u < kFwdLoads; ++u) {
+        const int i = i0 + u * L;
+        xr[u] = i < I ? ld<A, T>(p.x, xoff + i) : A(0);
       }
 #pragma unroll
-      for (int j = 0; j < MAXO; ++j) {
-        if (j < O) {
-          if (ADD) acc_a[j] += xv * sW[j * I + i];
-          if (MUL) acc_u[j] += lv * sWm[j * I + i];
-          if (GATE == kGateInput) acc_z[j] += xv * sG[j * I + i];
+      for (int u = 0; u < kFwdLoads; ++u) {
+        const int i = i0 + u * L;
+        if (i >= I) break;
+        const A xv = xr[u];
+        A lv = A(0);
+        if (MUL) {
+          lv = nm::log_abs(xv, eps);
+          st<T>(out.lx, xoff + i, lv);
+        }
+#pragma unroll
+        for (int j = 0; j < MAXO; ++j) {
+          if (j < O) {
+            if (ADD) acc_a[j] += xv * sW[j * I + i];
+            if (MUL) acc_u[j] += lv * sWm[j * I + i];
+            if (GATE == kGateInput) acc_z[j] += xv * sG[j * I + i];
+          }
         }
       }
     }
@@ -390,7 +408,8 @@ RowwisePlan plan_rowwise(DType dt, const LayerKind& k, const Dims& d, bool backw
     plan.smem_bytes = wbytes;
   }
   const int64_t min_rows = backward ? kBwdRowsPerGroup * plan.groups : plan.groups;
-  int64_t bpm = std::max<int64_t>(1, std::min(ceil_div(d.N, min_rows), std::max<int64_t>(1, kTargetBlocks / d.E)));
+  const int64_t target = backward ? kTargetBlocks : kFwdTargetBlocks;
+  int64_t bpm = std::max<int64_t>(1, std::min(ceil_div(d.N, min_rows), std::max<int64_t>(1, target / d.E)));
   const int64_t rows = ceil_div(d.N, bpm);
   if (rows > 0) bpm = ceil_div(d.N, rows);  // no block without rows
   if (d.E > INT_MAX / bpm) return RowwisePlan{};
