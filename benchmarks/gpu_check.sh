@@ -20,11 +20,15 @@
 #                one call of the static task's gradient kernel, when the tool is there   (limit 2 x 40 s)
 #   bench        benchmarks/bench_gpu.py: copy bandwidth, ops (per call and graph replay), the
 #                memory-bound shape, the large shape vs cuBLAS, 100-seed training       (limit 110 s)
+#   profile      ncu (Nsight Compute), when the tool is there: speed-of-light, occupancy and launch
+#                sections of one launch each of the memory-bound forward (rowwise_forward_kernel) and
+#                the static step's gradient kernel (static_grad_kernel); informational: a failing
+#                profiler (no counters on some runtimes) is recorded as skipped      (limit 2 x 30 s)
 #   compile      last and separate (cold torch.compile / Triton): the compile tests of
 #                test_cuda.py, then bench_gpu.py --stages compile                     (what is left)
 # Results: at most 8 files in $OUT (else benchmarks/results/gpu_check/): gpu_check.log (this
 # script's output, the benchmark's log and the summary, appended after every stage), build.log, tests.log,
-# sanitizer.log, bench_gpu.json/.csv/.md (rewritten after each benchmark stage). Exit status: 0
+# sanitizer.log, bench_gpu.json/.csv/.md (rewritten after each benchmark stage), ncu.log. Exit status: 0
 # when every stage passed or was skipped for want of a tool, 1 otherwise.
 # Environment: PYTHON (python3), TORCH_CUDA_ARCH_LIST (the GPU's capability), MAX_JOBS (nproc),
 # NALU_CUDA_COMMIT (or the first argument; the copy has no .git), GPU_CHECK_BUDGET,
@@ -193,6 +197,34 @@ BENCH=("$PY" benchmarks/bench_gpu.py --out "$OUT_DIR")
 lim=$(limit 110)
 # bench_gpu.py stops starting work 10 s before its box closes, and saves after every stage.
 run_boxed bench "$lim" "$LOG" "${BENCH[@]}" --deadline $(( lim - 10 ))
+
+# ---- profile: ncu on the two kernels the GPU sections of benchmarks/RESULTS.md follow ----------
+NCU="$(command -v ncu || true)"
+[ -z "$NCU" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/ncu" ] && NCU="${CUDA_HOME:-/usr/local/cuda}/bin/ncu"
+profile() {  # profile NAME KERNEL_REGEX SKIP BENCH_ARGS...: launch SKIP+1 of KERNEL under ncu, into ncu.log
+  local name=$1 kernel=$2 skip=$3 lim rc tmp=/tmp/gpu_check_ncu_$1.log
+  shift 3
+  lim=$(limit 30)
+  if (( lim < 10 )); then record "$name" "skipped: out of time"; return; fi
+  timeout --kill-after=5 "$lim" "$NCU" --clock-control none --kernel-name "regex:$kernel" --launch-skip "$skip" \
+    --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+    "$PY" benchmarks/bench_gpu.py --out /tmp/gpu_check_profile "$@" >"$tmp" 2>&1
+  rc=$?
+  { echo "-- $name (limit $lim s, exit $rc)"; cat "$tmp"; } >>"$OUT_DIR/ncu.log"
+  if [ $rc = 0 ] && grep -q "Duration" "$tmp"; then
+    record "$name" "ok: $(grep -E '^ +Duration' "$tmp" | tail -n 1 | xargs)"
+  else
+    record "$name" "skipped: ncu exit $rc, no profile (see ncu.log; some runtimes give it no counters)"
+  fi
+}
+if [ "$DRY" = 1 ]; then
+  record profile "skipped: dry run (no GPU to profile)"
+elif [ -z "$NCU" ]; then
+  record profile "skipped: ncu not found"
+else
+  profile profile_forward rowwise_forward_kernel 0 --stages memory_bound --reps 1
+  profile profile_step static_grad_kernel 5 --stages training --train-steps 20
+fi
 
 # ---- compile: cold torch.compile / Triton, last and separate ------------------------------------
 if [ "$DRY" = 1 ]; then
