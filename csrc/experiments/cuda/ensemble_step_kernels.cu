@@ -18,7 +18,7 @@
 //
 // A block has 1024 threads: at the paper's ensemble (100 members, fewer than an H200's 132
 // multiprocessors) one block per member is all the parallelism there is, and 256 threads left
-// three quarters of each multiprocessor's warp slots empty (benchmarks/RESULTS.md, GPU section).
+// three quarters of each multiprocessor's warp slots empty (benchmarks/RESULTS.md, section 29).
 //
 // With the batch drawn in the kernel (static_ensemble_grad_counter), an input is a function of
 // (seed, step, index) computed wherever the kernel reads it (phases 2 and 5), never stored, and the

@@ -59,7 +59,7 @@ constexpr int64_t kTargetBlocks = 512;      // rows are split until about this m
 constexpr int64_t kBwdRowsPerGroup = 4;     // ...but a backward block keeps >= 4 rows per group
 // The forward splits rows further (its blocks are independent; its values do not depend on the
 // split): about two full waves of an H200 (132 multiprocessors x 8 blocks of 256 threads), which
-// the memory-bound shape needs to keep enough reads in flight (benchmarks/RESULTS.md, GPU section).
+// the memory-bound shape needs to keep enough reads in flight (benchmarks/RESULTS.md, section 29).
 constexpr int64_t kFwdTargetBlocks = 2048;
 constexpr int kFwdLoads = 4;                // a lane's reads in flight per row in the forward
 
