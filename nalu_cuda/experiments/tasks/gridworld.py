@@ -158,7 +158,7 @@ PROFILES = {
 }
 # decisive: the paper profile's agent and seeds at 4,000 updates, by which both agents solve 85-98% of the
 # training range's episodes (measured at 4 seeds: benchmarks/RESULTS.md section 25), so that extrapolation
-# can be judged in one sitting (about 1.6 h on two ranks). Below the published 20,000 updates, its verdict
+# can be judged in one sitting (run: 1.9 h on two ranks, RESULTS section 25). Below the published 20,000 updates, its verdict
 # reads "inconclusive at this budget" by the report's rule; the paper profile keeps the published budget.
 PROFILES["decisive"] = {**PROFILES["paper"], "steps": 4000}
 
