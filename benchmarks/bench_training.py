@@ -21,7 +21,9 @@ once the regulariser has started):
   from the same SFC64 streams, so no background thread); ``E=100 fused-native-prefetched``: the
   same native step on batches the stream draws ahead on its background thread, as the reference
   rows get theirs (the like-for-like comparison with them: with prefetch, every row but the
-  in-call one also uses a second core for the drawing).
+  in-call one also uses a second core for the drawing); ``E=100 fused-native-counter``: the native
+  step on the counter stream (``--stream counter``: other random numbers, drawn in the call from
+  (seed, step, index), ``static_ensemble_step_counter``).
 * ``plain loop``: a minimal single-seed script a user would write (``torch.rand`` batches,
   ``nn.Module`` layers without an ensemble dimension, ``torch.optim.Adam``, no divergence checks),
   to show the baseline is not handicapped by our trainer.
@@ -69,10 +71,13 @@ WARMUP_STEPS = 64  # untimed steps at the start of each measured run (4 chunks o
 
 
 def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: bool = True,
-                  fixed_batch: bool = False, native: bool = False, in_call: bool = True) -> float:
+                  fixed_batch: bool = False, native: bool = False, in_call: bool = True, counter: bool = False) -> float:
     """Steps per second of train_ensemble for E seeds: `steps` steps timed after a warm-up of the
     same run (by then the data stream has its buffers and one chunk drawn ahead, as in any run of
-    more than a few dozen steps; the published protocol runs 5e6)."""
+    more than a few dozen steps; the published protocol runs 5e6). `counter`: the data from the
+    counter stream (``--stream counter``), which the native step draws in its call."""
+    if counter:
+        return _counter_rate(model_name, E, backend, steps, native)
     seeds = list(range(E))
     masks = torch.stack([ar.subset_layout(s, I).mask() for s in seeds])
     interp = ar.parse_range([1, 2])
@@ -116,6 +121,50 @@ def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: b
         train_ensemble(model, E, batch_fn, total, val, lr=1e-3, eval_every=total, ctx=ctx, native=native, **hooks)
     finally:
         stream.close()
+    return steps / (time.perf_counter() - t0)
+
+
+def _counter_rate(model_name: str, E: int, backend: str, steps: int, native: bool) -> float:
+    """_trainer_rate on the counter stream (the static task's ``--stream counter`` on the CPU): the
+    native step draws each member's batch in its call (static_ensemble_step_counter) and never calls
+    batch_fn, so the clock starts at the trainer's step ``warm + 1`` (its step runner, wrapped)."""
+    from nalu_cuda.experiments.parts.counter_stream import CounterStream
+    from nalu_cuda.experiments.parts.training import EnsembleTraining
+
+    seeds = list(range(E))
+    masks = torch.stack([ar.subset_layout(s, I).mask() for s in seeds]).double()
+    stream = CounterStream(seeds, (B, I), ar.parse_range([1, 2]), masks=masks, ops=["add"])
+    xv = torch.rand(64, I) + 1
+    val = EvalSet("valid", xv, torch.einsum("ni,eij->enj", xv, masks.float()).sum(-1, keepdim=True))
+    warm = max(WARMUP_STEPS, steps // 10)
+    model = build_static_model(model_name, I, 2, ensemble=E, backend=backend)
+    model.reset_parameters(member_generators(seeds))
+    t0 = None
+
+    def batch_fn(step):
+        return stream.draw(step)
+
+    batch_fn.counter_stream = stream
+    runner = EnsembleTraining._step_runner
+
+    def timed_runner(self):
+        run = runner(self)
+
+        def step(k):
+            nonlocal t0
+            if k == warm + 1:
+                t0 = time.perf_counter()
+            run(k)
+
+        return step
+
+    EnsembleTraining._step_runner = timed_runner
+    try:
+        hooks = training_hooks(model, {"start": 0, "end": 1} if model_name == "nmu" else None, seeds)
+        train_ensemble(model, E, batch_fn, warm + steps, val, lr=1e-3, eval_every=warm + steps,
+                       ctx=Context(device="cpu", work_dir=".", progress=False), native=native, **hooks)
+    finally:
+        EnsembleTraining._step_runner = runner
     return steps / (time.perf_counter() - t0)
 
 
@@ -180,6 +229,9 @@ def main(argv=None) -> int:
             # rows get theirs (with prefetch; without, on the training thread, before each step)
             f"{E}-fused-native-prefetched": lambda: _trainer_rate(model, E, "fused", ens_steps, not args.no_prefetch,
                                                                   native=True, in_call=False),
+            # the native step on the counter stream (--stream counter), each batch drawn in its call
+            f"{E}-fused-native-counter": lambda: _trainer_rate(model, E, "fused", ens_steps, native=True,
+                                                               counter=True),
             # The training math alone (one batch drawn once, reused): what the kernels and optimiser
             # cost without the per-seed random numbers (100 seeds x 128 x 100 uniforms a step).
             "math-1-reference": lambda: _trainer_rate(model, 1, "reference", args.steps, fixed_batch=True),
@@ -202,7 +254,8 @@ def main(argv=None) -> int:
                 label = "1 seed, plain eager loop (user script)"
             else:
                 kind = {"fused": "fused (autograd step)", "fused-native": "fused (native step)",
-                        "fused-native-prefetched": "fused (native step, data drawn ahead)"}.get(
+                        "fused-native-prefetched": "fused (native step, data drawn ahead)",
+                        "fused-native-counter": "fused (native step, counter stream drawn in the call)"}.get(
                     k.split("-", 1)[1], k.split("-", 1)[1]) if seeds > 1 else k.split("-", 1)[1]
                 label = f"{seeds} seed{'s' if seeds > 1 else ''}, {kind}" + (" ensemble" if seeds > 1 else "")
             base = meas["math-1-reference"][0] if math_only else baseline

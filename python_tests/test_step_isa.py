@@ -1,7 +1,7 @@
 """The native training steps' kernels give the same bits under every instruction set they are built
 for (``csrc/experiments/cpu/step_kernels_per_isa.h``: base, AVX2 and, where the processor has it,
 AVX-512): the static step (NAC, NALU, NMU models; float32 and float64; inputs that do not fill whole
-lane vectors, and the static task's own shape), the recurrent step and the LSTM sequence kernels.
+lane vectors, and the static task's own shape; its batch drawn from the counter stream in the call), the recurrent step and the LSTM sequence kernels.
 Each instruction set is chosen once per process (``NALU_CUDA_CPU_ISA``), so each runs in a fresh
 interpreter and saves what it computed."""
 import sys
@@ -39,6 +39,29 @@ def _static(name, dtype, E, B, I, reg_weight=0.0):
     return out + [opt.flat.clone(), opt.grad.clone(), opt.exp_avg_sq.clone()]
 
 
+def _static_counter(name, S=3, B=13, I=21):
+    """The static step drawing its batch from the counter stream (static_ensemble_step_counter): B x I
+    = 273, whole lane vectors and a remainder; two target ops."""
+    from nalu_cuda.experiments.parts import arithmetic_data as ar
+    from nalu_cuda.experiments.parts.arithmetic_models import build_static_model, member_generators
+    from nalu_cuda.experiments.parts.counter_stream import CounterStream
+    from nalu_cuda.experiments.parts.optim import FlatAdam
+
+    masks = torch.stack([ar.subset_layout(s, I, 0.25, 0.5).mask() for s in range(S)]).double()
+    stream = CounterStream(list(range(S)), (B, I), ar.Range(((-1.0, 3.0),)), masks=masks, ops=("add", "mul"))
+    E = 2 * S
+    model = build_static_model(name, I, 2, ensemble=E)
+    model.reset_parameters(member_generators(list(range(E))))
+    opt = FlatAdam(model.parameters(), 1e-3, ensemble=E)
+    out = []
+    for step in range(1, 4):
+        out.append(torch.ops.nalu_cuda.static_ensemble_step_counter(
+            stream.keys, step, stream.masks, [0, 2], -1.0, 3.0, B, opt.flat, opt.grad, opt.exp_avg, opt.exp_avg_sq,
+            opt._native_step(E)[1], torch.zeros(E, dtype=torch.bool), False, name, 1e-7,
+            0.5 if name == "nmu" else 0.0, 1e-3, 0.9, 0.999, 1e-8, step))
+    return out + [opt.flat.clone(), opt.grad.clone(), opt.exp_avg_sq.clone()]
+
+
 def isa_results(path: str) -> None:
     """What the steps compute here, saved to ``path`` (run in a fresh interpreter per instruction set)."""
     sys.path.insert(0, ".")
@@ -50,6 +73,7 @@ def isa_results(path: str) -> None:
         for dtype in (torch.float32, torch.float64):
             out[f"static/{name}/{dtype}"] = _static(name, dtype, E=5, B=13, I=21, reg_weight=0.5 if name == "nmu" else 0.0)
         out[f"static/{name}/task-shape"] = _static(name, torch.float32, E=3, B=128, I=100)
+        out[f"static-counter/{name}"] = _static_counter(name)
     for name in ("nac", "nalu"):
         for dtype in (torch.float32, torch.float64):
             _, args = rec._op_args(name, dtype)
@@ -76,7 +100,7 @@ def test_instruction_sets_give_the_same_bits(tmp_path):
         run_fresh_interpreter(f"from python_tests.test_step_isa import isa_results\nisa_results({str(path)!r})\n", isa=isa)
         runs[isa or "best"] = torch.load(path)
     ref = runs.pop("base")
-    assert len(ref) == 3 * 3 + 2 * 2 + 2
+    assert len(ref) == 3 * 4 + 2 * 2 + 2
     for isa, got in runs.items():
         assert got.keys() == ref.keys()
         for key, tensors in ref.items():

@@ -43,8 +43,8 @@ constexpr const char* kSchemas[] = {
   // CUDA (x on the GPU, segments a CPU tensor) one block per member, one launch, nothing read back.
   "static_ensemble_grad(Tensor x, Tensor target, Tensor param, Tensor(a!) grad, Tensor segments,"
       " Tensor(b!) diverged, str model, float eps, float reg_weight) -> Tensor",
-  // static_ensemble_grad with the batch drawn in the kernel, a CUDA kernel only
-  // (cuda/ensemble_step_cuda.cpp), float32: member e = k S + s (S = keys.size(0) seeds, k < len(ops))
+  // static_ensemble_grad with the batch drawn in the kernel, CPU (cpu/ensemble_step.cpp) and CUDA
+  // (cuda/ensemble_step_cuda.cpp) kernels, float32: member e = k S + s (S = keys.size(0) seeds, k < len(ops))
   // trains on CounterStream's batch (batch, I) of seed s at `step` (keys (S, 2) int64 and step, one
   // int64, on the device: nalu_cuda/experiments/parts/counter_stream.py, one interval [lo, hi)),
   // never stored: each input is computed where the kernel reads it; its targets op_k(a, b), a and
@@ -53,6 +53,13 @@ constexpr const char* kSchemas[] = {
   "static_ensemble_grad_counter(Tensor keys, Tensor step, Tensor masks, int[] ops, float lo, float hi, int batch,"
       " Tensor param, Tensor(a!) grad, Tensor segments, Tensor(b!) diverged, str model, float eps,"
       " float reg_weight) -> Tensor",
+  // static_ensemble_grad_counter on the CPU with the data step as an int (data_step), then the
+  // optimiser's part of static_ensemble_step below (FlatAdam's fused CPU step, the flags, the NMU
+  // model's projection): the static task's whole step in one call with --stream counter on the CPU.
+  "static_ensemble_step_counter(Tensor keys, int data_step, Tensor masks, int[] ops, float lo, float hi, int batch,"
+      " Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg, Tensor(d!) exp_avg_sq, Tensor segments,"
+      " Tensor(e!) diverged, bool freeze, str model, float eps, float reg_weight, float lr, float beta1,"
+      " float beta2, float adam_eps, int step) -> Tensor",
   // static_ensemble_grad, then FlatAdam's fused CPU step (flat_adam_step, at step count `step`) with
   // frozen = diverged where `freeze` (train_ensemble's any_diverged) and freeze_nonfinite = freeze,
   // diverged |= the members whose gradient has a NaN or Inf, and for 'nmu' the projection (NAU W to
@@ -157,13 +164,15 @@ at::Tensor static_ensemble_grad_unsupported(const at::Tensor& x, const at::Tenso
   );
 }
 
-at::Tensor static_ensemble_grad_counter_unsupported(const at::Tensor& keys, const at::Tensor&, const at::Tensor&,
-                                                    at::IntArrayRef, double, double, int64_t, const at::Tensor&,
-                                                    const at::Tensor&, const at::Tensor&, const at::Tensor&,
+at::Tensor static_ensemble_grad_counter_unsupported(const at::Tensor& keys, const at::Tensor& step,
+                                                    const at::Tensor& masks, at::IntArrayRef, double, double, int64_t,
+                                                    const at::Tensor& param, const at::Tensor& grad,
+                                                    const at::Tensor& segments, const at::Tensor& diverged,
                                                     c10::string_view, double, double) {
-  TORCH_CHECK(false, "static_ensemble_grad_counter: argument 'keys' (and the batch's other tensors) must be CUDA "
-              "tensors: this op has a CUDA kernel only (on the CPU the static task's native step draws its batch in "
-              "static_ensemble_step_drawn), got keys on ", keys.device(),
+  TORCH_CHECK(false, "static_ensemble_grad_counter: the tensor arguments must all be CPU tensors (the CPU kernel), "
+              "or all CUDA tensors on one device but segments, on the CPU (the CUDA kernel), got keys on ",
+              keys.device(), ", step on ", step.device(), ", masks on ", masks.device(), ", param on ", param.device(),
+              ", grad on ", grad.device(), ", segments on ", segments.device(), ", diverged on ", diverged.device(),
 #ifdef NALU_CUDA_WITH_CUDA
               ""
 #else
@@ -189,6 +198,15 @@ at::Tensor static_ensemble_step_drawn_unsupported(TensorArg state, TensorArg wei
     c10::string_view, double, double, double, double, double, double, int64_t) {
   static_step_unsupported("static_ensemble_step_drawn", {{"state", &state}, {"weights", &weights}, {"param", &param},
       {"grad", &grad}, {"exp_avg", &m1}, {"exp_avg_sq", &m2}, {"segments", &segments}, {"diverged", &diverged}});
+}
+
+at::Tensor static_ensemble_step_counter_unsupported(TensorArg keys, int64_t, TensorArg masks, at::IntArrayRef, double,
+    double, int64_t, TensorArg param, TensorArg grad, TensorArg m1, TensorArg m2, TensorArg segments,
+    TensorArg diverged, bool, c10::string_view, double, double, double, double, double, double, int64_t) {
+  static_step_unsupported("static_ensemble_step_counter", {{"keys", &keys}, {"masks", &masks}, {"param", &param},
+      {"grad", &grad}, {"exp_avg", &m1}, {"exp_avg_sq", &m2}, {"segments", &segments}, {"diverged", &diverged}},
+      "on CUDA the static task's step with --stream counter is static_ensemble_grad_counter's kernel, then "
+      "FlatAdam's resident step");
 }
 
 at::Tensor recurrent_ensemble_grad_unsupported(TensorArg x, TensorArg target, TensorArg param, TensorArg grad,
@@ -232,6 +250,7 @@ TORCH_LIBRARY_IMPL(nalu_cuda, CompositeExplicitAutograd, m) {
   m.impl("static_ensemble_grad_counter", &static_ensemble_grad_counter_unsupported);
   m.impl("static_ensemble_step", &static_ensemble_step_unsupported);
   m.impl("static_ensemble_step_drawn", &static_ensemble_step_drawn_unsupported);
+  m.impl("static_ensemble_step_counter", &static_ensemble_step_counter_unsupported);
   m.impl("recurrent_ensemble_grad", &recurrent_ensemble_grad_unsupported);
   m.impl("recurrent_ensemble_step", &recurrent_ensemble_step_unsupported);
   m.impl("recurrent_ensemble_step_drawn", &recurrent_ensemble_step_drawn_unsupported);

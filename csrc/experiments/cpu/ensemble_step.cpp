@@ -1,6 +1,8 @@
-// ensemble_step.cpp: the CPU kernels of the ops static_ensemble_grad and static_ensemble_step
-// (schemas and their contract: csrc/experiments/schema.cpp): a whole training step of the static
-// task's two-layer ensemble models in one call. Per member: forward through both layers, the MSE,
+// ensemble_step.cpp: the CPU kernels of the ops static_ensemble_grad and static_ensemble_step, and
+// of their variants that draw the batch in the call, from the SFC64 streams (static_ensemble_step_drawn)
+// or the counter stream (static_ensemble_grad_counter, static_ensemble_step_counter) (schemas and
+// their contract: csrc/experiments/schema.cpp): a whole training step of the static task's two-layer
+// ensemble models in one call. Per member: forward through both layers, the MSE,
 // the objective's finiteness, the backward into the optimiser's flat gradient buffer; then (the
 // step op) FlatAdam's own fused step (flat_adam.h, called, not copied) and the NMU model's
 // projection.
@@ -33,6 +35,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -126,16 +129,18 @@ StepArgs check_step(const char* op, const at::Tensor& x, const at::Tensor& targe
   return a;
 }
 
-// static_ensemble_grad's work: the batch from x and target, or drawn (`draw`, float32 only).
+// static_ensemble_grad's work: the batch from x and target, or drawn (float32 only) from the SFC64
+// streams (`draw`) or the counter stream (`counter`).
 at::Tensor grad_impl(const StepArgs& a, at::ScalarType dtype, const at::Tensor& x, const at::Tensor& target,
                      const Draw* draw, const at::Tensor& param, const at::Tensor& grad, const at::Tensor& segments,
-                     const at::Tensor& diverged) {
+                     const at::Tensor& diverged, const CounterDraw* counter = nullptr) {
   at::Tensor loss = at::empty({a.E}, param.options());
   AT_DISPATCH_FLOATING_TYPES(dtype, "static_ensemble_grad", [&] {
-    const scalar_t* xs = draw != nullptr ? nullptr : x.const_data_ptr<scalar_t>();
-    const scalar_t* ts = draw != nullptr ? nullptr : target.const_data_ptr<scalar_t>();
+    const bool drawn = draw != nullptr || counter != nullptr;
+    const scalar_t* xs = drawn ? nullptr : x.const_data_ptr<scalar_t>();
+    const scalar_t* ts = drawn ? nullptr : target.const_data_ptr<scalar_t>();
     auto run = [&](auto members) {
-      members(a, xs, ts, draw, param.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(),
+      members(a, xs, ts, draw, counter, param.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(),
               segments.const_data_ptr<int64_t>(), diverged.data_ptr<bool>(), loss.data_ptr<scalar_t>());
     };
     NALU_STEP_PER_ISA(run, all_members<scalar_t>);
@@ -221,6 +226,56 @@ at::Tensor static_ensemble_step_drawn(const at::Tensor& state, const at::Tensor&
   return loss;
 }
 
+// The counter stream's arguments (check_counter_args, on the CPU), then check_params in float32.
+StepArgs check_counter(const char* op, const at::Tensor& keys, const at::Tensor& masks, at::IntArrayRef ops, double lo,
+                       double hi, int64_t batch, CounterDraw& d, const at::Tensor& param, const at::Tensor& grad,
+                       const at::Tensor& segments, const at::Tensor& diverged, const std::string& model, double eps,
+                       double reg_weight) {
+  StepArgs a{};
+  model_from_name(op, model);
+  auto check = [&](const char* name, const at::Tensor& t, const std::string& want, bool ok) {
+    check_cpu_tensor(op, name, t, want, ok);
+  };
+  std::tie(a.E, a.I) = check_counter_args(op, "CPU", check, keys, masks, ops, lo, hi, batch, d);
+  a.B = batch;
+  check_params(op, a, at::kFloat, "a contiguous float32 CPU tensor (the drawn inputs' dtype)", param, grad, segments,
+               diverged, model, eps, reg_weight);
+  return a;
+}
+
+at::Tensor static_ensemble_grad_counter(const at::Tensor& keys, const at::Tensor& step, const at::Tensor& masks,
+                                        at::IntArrayRef ops, double lo, double hi, int64_t batch,
+                                        const at::Tensor& param, const at::Tensor& grad, const at::Tensor& segments,
+                                        const at::Tensor& diverged, c10::string_view model, double eps,
+                                        double reg_weight) {
+  constexpr const char* kOp = "static_ensemble_grad_counter";
+  CounterDraw d{};
+  const StepArgs a = check_counter(kOp, keys, masks, ops, lo, hi, batch, d, param, grad, segments, diverged,
+                                   std::string(model), eps, reg_weight);
+  check_cpu_tensor(kOp, "step", step, "a contiguous int64 CPU tensor of one element (the step)",
+                   step.defined() && step.scalar_type() == at::kLong && step.numel() == 1);
+  d.step = step.const_data_ptr<int64_t>();
+  return grad_impl(a, at::kFloat, at::Tensor(), at::Tensor(), nullptr, param, grad, segments, diverged, &d);
+}
+
+at::Tensor static_ensemble_step_counter(const at::Tensor& keys, int64_t data_step, const at::Tensor& masks,
+                                        at::IntArrayRef ops, double lo, double hi, int64_t batch,
+                                        const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                                        const at::Tensor& exp_avg_sq, const at::Tensor& segments,
+                                        const at::Tensor& diverged, bool freeze, c10::string_view model, double eps,
+                                        double reg_weight, double lr, double beta1, double beta2, double adam_eps,
+                                        int64_t step) {
+  constexpr const char* kOp = "static_ensemble_step_counter";
+  CounterDraw d{};
+  const StepArgs a = check_counter(kOp, keys, masks, ops, lo, hi, batch, d, param, grad, segments, diverged,
+                                   std::string(model), eps, reg_weight);
+  check_moments(kOp, param, exp_avg, exp_avg_sq, step);
+  d.step = &data_step;
+  at::Tensor loss = grad_impl(a, at::kFloat, at::Tensor(), at::Tensor(), nullptr, param, grad, segments, diverged, &d);
+  optimiser_step(a, param, grad, exp_avg, exp_avg_sq, segments, diverged, freeze, lr, beta1, beta2, adam_eps, step);
+  return loss;
+}
+
 }  // namespace
 }  // namespace training
 }  // namespace nalu_cuda
@@ -229,4 +284,6 @@ TORCH_LIBRARY_IMPL(nalu_cuda, CPU, m) {
   m.impl("static_ensemble_grad", &nalu_cuda::training::static_ensemble_grad);
   m.impl("static_ensemble_step", &nalu_cuda::training::static_ensemble_step);
   m.impl("static_ensemble_step_drawn", &nalu_cuda::training::static_ensemble_step_drawn);
+  m.impl("static_ensemble_grad_counter", &nalu_cuda::training::static_ensemble_grad_counter);
+  m.impl("static_ensemble_step_counter", &nalu_cuda::training::static_ensemble_step_counter);
 }

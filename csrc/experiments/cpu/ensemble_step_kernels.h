@@ -76,28 +76,78 @@ T member_step(const StepArgs& a, const T* x, const T* t, MemberParams<T>& mp, La
   return loss;
 }
 
+// Member e's batch x (B, I) and targets t (B) from the counter stream (experiments/counter_draw.h):
+// the words of eight inputs at a time in one lane vector, the same values as CounterStream's (and
+// the CUDA kernel's); the targets op_k(a, b) from the float64 sums of the inputs with the seed's
+// masks, exact (so the same in any order: the order the vector loop takes). `ma`, `mb`: room for
+// I values each (the masks' two columns, contiguous).
+inline void counter_draw_member(const StepArgs& a, const CounterDraw& d, int64_t e, float* x, float* t, double* ma,
+                                double* mb) {
+  typedef uint32_t U8 __attribute__((vector_size(32)));
+  typedef int32_t I8 __attribute__((vector_size(32)));
+  typedef float F8 __attribute__((vector_size(32)));
+  typedef float F8u __attribute__((vector_size(32), aligned(4), may_alias));
+  const int64_t s = e % d.S, n = a.B * a.I, I = a.I;
+  const CounterKey key(d, s, *d.step);
+  const float lo = d.lo, width = d.hi - d.lo, top = d.top;
+  const F8 lo8 = F8{} + lo, width8 = F8{} + width, top8 = F8{} + top;
+  U8 idx = {0, 1, 2, 3, 4, 5, 6, 7};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8, idx += 8u) {  // (the index as uint32_t, as the stream's words take it)
+    U8 h = idx;
+    key.words(h);
+    const F8 u = __builtin_convertvector((I8)(h >> 9), F8) * kCounterUnit;  // < 2^23: exact as int32
+    const F8 v = lo8 + u * width8;  // (no contraction in this file: the product rounded on its own)
+    *reinterpret_cast<F8u*>(x + k) = v < top8 ? v : top8;
+  }
+  for (; k < n; ++k) {
+    const float u = static_cast<float>(key.word(static_cast<uint32_t>(k)) >> 9) * kCounterUnit;
+    const float v = lo + u * width;
+    x[k] = v < top ? v : top;
+  }
+  const double* mask = d.masks + s * I * 2;
+  for (int64_t i = 0; i < I; ++i) ma[i] = mask[2 * i], mb[i] = mask[2 * i + 1];
+  const TargetOp op = static_cast<TargetOp>(d.ops[e / d.S]);
+  for (int64_t b = 0; b < a.B; ++b) {
+    const float* xb = x + b * I;
+    double sa = 0.0, sb = 0.0;
+#pragma omp simd reduction(+ : sa, sb)
+    for (int64_t i = 0; i < I; ++i) {
+      sa += static_cast<double>(xb[i]) * ma[i];
+      sb += static_cast<double>(xb[i]) * mb[i];
+    }
+    t[b] = static_cast<float>(apply_target(op, sa, sb));
+  }
+}
+
 // Every member, split over the intra-op threads (each member whole on one thread), its batch from
-// xs (E, B, I) and ts (E, B) or, with `draw` (float32 only), drawn here, kDrawGroup members at a time.
+// xs (E, B, I) and ts (E, B) or, float32 only, drawn here: with `draw` from the seeds' SFC64
+// generators, kDrawGroup members at a time; with `counter` from the counter stream, member by member.
 template <typename T>
-void all_members(const StepArgs& a, const T* xs, const T* ts, const Draw* draw, T* ps, T* gs, const int64_t* seg,
-                 bool* div, T* loss) {
+void all_members(const StepArgs& a, const T* xs, const T* ts, const Draw* draw, const CounterDraw* counter, T* ps,
+                 T* gs, const int64_t* seg, bool* div, T* loss) {
   at::parallel_for(0, a.E, 1, [&](int64_t begin, int64_t end) {
     Layer<T> layers[2] = {make_layer<T>(a.kinds[0], a.B, a.I, a.H, a.eps), make_layer<T>(a.kinds[1], a.B, a.H, 1, a.eps)};
     std::vector<T> h(a.B * a.H), y(a.B), dh(a.B * a.H), xb, tb;
     std::vector<double> w, sums;
-    const int64_t group = draw != nullptr ? kDrawGroup : end - begin;
+    const int64_t group = draw != nullptr ? kDrawGroup : counter != nullptr ? 1 : end - begin;
     for (int64_t e0 = begin; e0 < end; e0 += group) {
       const int64_t G = std::min(group, end - e0);
       const T *x = nullptr, *t = nullptr;
       if constexpr (std::is_same_v<T, float>) {
-        if (draw != nullptr) {
+        if (draw != nullptr || counter != nullptr) {
           xb.resize(G * a.B * a.I);
           tb.resize(G * a.B);
-          draw_group(a, *draw, e0, G, xb.data(), tb.data(), w, sums);
+          if (draw != nullptr) {
+            draw_group(a, *draw, e0, G, xb.data(), tb.data(), w, sums);
+          } else {
+            w.resize(2 * a.I);
+            counter_draw_member(a, *counter, e0, xb.data(), tb.data(), w.data(), w.data() + a.I);
+          }
           x = xb.data(), t = tb.data();
         }
       }
-      if (draw == nullptr) x = xs + e0 * a.B * a.I, t = ts + e0 * a.B;
+      if (x == nullptr) x = xs + e0 * a.B * a.I, t = ts + e0 * a.B;
       for (int64_t j = 0; j < G; ++j) {
         const int64_t e = e0 + j;
         MemberParams<T> mp = member_params(a, ps, gs, seg, e);

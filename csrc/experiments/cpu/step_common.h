@@ -4,6 +4,7 @@
 // and the optimiser's part of a step (FlatAdam's fused step and the divergence flags).
 #pragma once
 
+#include "experiments/counter_draw.h"
 #include "experiments/cpu/flat_adam.h"
 #include "experiments/target_ops.h"
 
@@ -151,6 +152,40 @@ inline DrawShape check_draw_args(const char* op, const at::Tensor& state, const 
               "have one flag per member, S * len(ops) = ", E, ", got ", describe(diverged));
   TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), op, ": arguments 'lo' and 'hi' must be finite, got ", lo, ", ", hi);
   return DrawShape{S, weights.size(1), E};
+}
+
+// The counter stream's arguments of static_ensemble_grad_counter (its CPU and CUDA kernels) and
+// static_ensemble_step_counter, checked into d (all but d.step): keys (S, 2) int64, masks (S, I, 2)
+// float64, 1 to kStepMaxOps op codes, lo < hi finite in float32, batch >= 1 with batch x I at most
+// 2^32 values. `check(name, tensor, want, ok)` checks a tensor's device and contiguity too and says
+// `want` (written for `device`, "CPU" or "CUDA") when it fails. Returns E = S x len(ops) and I.
+template <typename Check>
+std::pair<int64_t, int64_t> check_counter_args(const char* op, const char* device, Check check, const at::Tensor& keys,
+                                               const at::Tensor& masks, at::IntArrayRef ops, double lo, double hi,
+                                               int64_t batch, CounterDraw& d) {
+  check("keys", keys, c10::str("a contiguous int64 ", device, " tensor of shape (S, 2) (CounterStream.keys)"),
+        keys.defined() && keys.scalar_type() == at::kLong && keys.dim() == 2 && keys.size(0) >= 1 && keys.size(1) == 2);
+  const int64_t S = keys.size(0);
+  check("masks", masks, c10::str("a contiguous float64 ", device, " tensor of shape (", S, ", I, 2) (the subsets' "
+        "weights, one per seed)"), masks.defined() && masks.scalar_type() == at::kDouble && masks.dim() == 3 &&
+        masks.size(0) == S && masks.size(1) >= 1 && masks.size(2) == 2);
+  TORCH_CHECK(!ops.empty() && static_cast<int64_t>(ops.size()) <= kStepMaxOps, op, ": argument 'ops' must list 1 to ",
+              kStepMaxOps, " operation codes, got ", ops.size());
+  for (size_t k = 0; k < ops.size(); ++k) d.ops[k] = static_cast<int>(target_op(op, ops[k]));
+  TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi) && static_cast<float>(lo) < static_cast<float>(hi), op,
+              ": arguments 'lo' and 'hi' must be finite with lo < hi in float32, got ", lo, ", ", hi);
+  TORCH_CHECK(batch >= 1, op, ": argument 'batch' must be at least 1, got ", batch);
+  const int64_t I = masks.size(1);
+  TORCH_CHECK(batch * I <= (int64_t{1} << 32), op, ": a step's draw must have at most 2^32 values (batch x I), got ",
+              batch * I);
+  d.keys = keys.const_data_ptr<int64_t>();
+  d.masks = masks.const_data_ptr<double>();
+  d.S = S;
+  d.n_ops = static_cast<int64_t>(ops.size());
+  d.lo = static_cast<float>(lo);
+  d.hi = static_cast<float>(hi);
+  d.top = std::nextafter(d.hi, d.lo);
+  return {S * d.n_ops, I};
 }
 
 // FlatAdam's step after the gradient, in eager_step's order: frozen = the diverged members (this

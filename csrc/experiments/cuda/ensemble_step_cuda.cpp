@@ -21,6 +21,7 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -120,33 +121,16 @@ at::Tensor static_ensemble_grad_counter_cuda_op(const at::Tensor& keys, const at
                                                 c10::string_view model, double eps, double reg_weight) {
   constexpr const char* kOp = "static_ensemble_grad_counter";
   model_from_name(kOp, std::string(model));
-  check_on(kOp, "keys", keys, c10::nullopt, "a contiguous int64 CUDA tensor of shape (S, 2) (CounterStream.keys)",
-           keys.scalar_type() == at::kLong && keys.dim() == 2 && keys.size(0) >= 1 && keys.size(1) == 2);
-  const c10::Device dev = keys.device();
-  const int64_t S = keys.size(0);
+  const c10::Device dev = keys.defined() && keys.is_cuda() ? keys.device() : c10::Device(c10::kCUDA);
+  auto check = [&](const char* name, const at::Tensor& t, const std::string& want, bool ok) {
+    check_on(kOp, name, t, dev, want, ok);
+  };
+  StaticGradArgs a{};
+  std::tie(a.E, a.I) = check_counter_args(kOp, "CUDA", check, keys, masks, ops, lo, hi, batch, a.draw);
   check_on(kOp, "step", step, dev, c10::str("a contiguous int64 tensor of one element on ", dev, " (the step)"),
            step.scalar_type() == at::kLong && step.numel() == 1);
-  check_on(kOp, "masks", masks, dev, c10::str("a contiguous float64 tensor on ", dev, " of shape (", S, ", I, 2) "
-           "(the subsets' weights, one per seed)"), masks.scalar_type() == at::kDouble && masks.dim() == 3 &&
-           masks.size(0) == S && masks.size(1) >= 1 && masks.size(2) == 2);
-  TORCH_CHECK(!ops.empty() && static_cast<int64_t>(ops.size()) <= kStepMaxOps, kOp, ": argument 'ops' must list 1 to ",
-              kStepMaxOps, " operation codes, got ", ops.size());
-  StaticGradArgs a{};
-  for (size_t k = 0; k < ops.size(); ++k) a.draw.ops[k] = static_cast<int>(target_op(kOp, ops[k]));
-  TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi) && static_cast<float>(lo) < static_cast<float>(hi), kOp,
-              ": arguments 'lo' and 'hi' must be finite with lo < hi in float32, got ", lo, ", ", hi);
-  TORCH_CHECK(batch >= 1, kOp, ": argument 'batch' must be at least 1, got ", batch);
-  a.E = S * static_cast<int64_t>(ops.size()), a.B = batch, a.I = masks.size(1);
-  TORCH_CHECK(a.B * a.I <= (int64_t{1} << 32), kOp, ": a step's draw must have at most 2^32 values (batch x I), "
-              "got ", a.B * a.I);
-  a.draw.keys = keys.const_data_ptr<int64_t>();
+  a.B = batch;
   a.draw.step = step.const_data_ptr<int64_t>();
-  a.draw.masks = masks.const_data_ptr<double>();
-  a.draw.S = S;
-  a.draw.n_ops = static_cast<int64_t>(ops.size());
-  a.draw.lo = static_cast<float>(lo);
-  a.draw.hi = static_cast<float>(hi);
-  a.draw.top = std::nextafter(a.draw.hi, a.draw.lo);
   const std::string like = c10::str("a contiguous float32 tensor on ", dev, " (the drawn inputs' dtype, keys' device)");
   return check_and_launch(kOp, a, at::kFloat, dev, like, param, grad, segments, diverged, model, eps, reg_weight);
 }

@@ -117,27 +117,15 @@ __host__ __device__ inline int64_t column_slices(int64_t B, int64_t I, int64_t n
   return s < 1 ? 1 : (s > B ? (B > 0 ? B : 1) : s);
 }
 
-// lowbias32, the 32-bit integer hash of CounterStream (counter_stream.py hash32), in uint32 arithmetic.
-__device__ __forceinline__ uint32_t lowbias32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7FEB352Du;
-  x ^= x >> 15;
-  x *= 0x846CA68Bu;
-  return x ^ (x >> 16);
-}
-
-// One member's CounterStream input: element `index` of its step's (B, I) draw, exactly
-// CounterStream.inputs for one interval (uniform_bits' chain of three hashes, the top 23 bits as
-// u in [0, 1), x = lo + u (hi - lo) in float32 with the product rounded on its own, at most `top`).
+// One member's CounterStream input: element `index` of its step's (B, I) draw (counter_draw.h), x =
+// lo + u (hi - lo) in float32 with the product rounded on its own, at most `top`.
 struct MemberDraw {
-  uint32_t k0, k1, s_lo, s_hi;
+  CounterKey key;
   float lo, width, top;
 
   __device__ __forceinline__ float operator()(int64_t index) const {
-    uint32_t h = lowbias32(static_cast<uint32_t>(index) + k0);
-    h = lowbias32((h ^ s_lo) + k1);
-    h = lowbias32((h ^ s_hi) + 0x632BE5ABu);
-    const float u = static_cast<float>(h >> 9) * 1.1920928955078125e-07f;  // * 2^-23, exact
+    const uint32_t h = key.word(static_cast<uint32_t>(index));
+    const float u = static_cast<float>(h >> 9) * kCounterUnit;  // exact
     const float x = lo + cuda::mul_rn(u, width);
     return x < top ? x : top;
   }
@@ -196,9 +184,7 @@ __global__ void __launch_bounds__(kThreads) static_grad_kernel(StaticGradArgs a)
   if (DRAWN) {
     const CounterDraw& d = a.draw;
     const int64_t s = e % d.S, step = *d.step;
-    md = MemberDraw{static_cast<uint32_t>(d.keys[2 * s]), static_cast<uint32_t>(d.keys[2 * s + 1]),
-                    static_cast<uint32_t>(step & 0xFFFFFFFF), static_cast<uint32_t>((step >> 32) & 0xFFFFFFFF), d.lo,
-                    d.hi - d.lo, d.top};
+    md = MemberDraw{CounterKey(d, s, step), d.lo, d.hi - d.lo, d.top};
     mask = d.masks + s * I * 2;
     op = static_cast<TargetOp>(d.ops[e / d.S]);
   }

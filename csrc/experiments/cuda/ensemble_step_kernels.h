@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "experiments/counter_draw.h"
+
 namespace nalu_cuda {
 namespace training {
 
@@ -23,19 +25,9 @@ enum class StepKind : int { kNac = 0, kNalu = 1, kNau = 2, kNmu = 3 };
 
 constexpr int kStepMaxParams = 6;  // two layers of at most three parameters (NALU: W_hat, M_hat, G)
 
-// The batch drawn in the kernel (static_ensemble_grad_counter): CounterStream's values
-// (nalu_cuda/experiments/parts/counter_stream.py) for one interval [lo, hi), float32, regenerated
-// wherever the kernel reads an input (never stored), and the targets from them in the same pass.
-constexpr int kStepMaxOps = 16;
-
-struct CounterDraw {
-  const int64_t* keys;   // (S, 2) the seeds' keys, 32-bit values
-  const int64_t* step;   // the step (one int64 on the device: a captured graph advances it)
-  const double* masks;   // (S, I, 2) the subsets' weights
-  int64_t S, n_ops;
-  int ops[kStepMaxOps];  // member e = k S + s: seed s, target op ops[k] (target_ops.h's codes)
-  float lo, hi, top;     // the interval, and the largest value drawn: nextafter(hi, lo) in float32
-};
+// The batch drawn in the kernel (static_ensemble_grad_counter): CounterDraw (experiments/counter_draw.h),
+// CounterStream's values regenerated wherever the kernel reads an input (never stored), and the
+// targets from them in the same pass.
 
 struct StaticGradArgs {
   const void* x;       // (E, B, I), float (is_double false) or double; null: drawn (`draw`, float only)

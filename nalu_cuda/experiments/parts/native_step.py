@@ -35,8 +35,13 @@ given, and the stream draws nothing ahead any more. The static step
 (``nalu_cuda::recurrent_ensemble_step_drawn``) each seed's batch ``(B, T, I)`` once, and trains the
 seed's members of every op on it (where ``batch_fn`` would repeat it per op). Values the stream
 had drawn already (the rest of a chunk, the chunk drawn ahead) are used first, through ``batch_fn``.
-Otherwise (float64 models, a union of ranges, a batch of an odd number of values, another
-``batch_fn``) the step takes ``batch_fn``'s batches as before.
+Where ``batch_fn`` names its :class:`~.counter_stream.CounterStream` instead (``--stream counter``:
+:func:`in_kernel_counter_stream`), the static step (``nalu_cuda::static_ensemble_step_counter``)
+computes each member's batch in the call from (seed, step, index), the stream's values to the bit
+(and the CUDA kernel's: ``csrc/experiments/counter_draw.h`` is the one definition), eight inputs per
+lane vector, with the targets from the same values. Otherwise (float64 models, a union of ranges,
+a batch of an odd number of values, another ``batch_fn``) the step takes ``batch_fn``'s batches as
+before.
 
 On CUDA (the resident step, ``train_ensemble(resident=True, native=True)``, which the static task
 runs on a GPU): :func:`native_resident_step` takes the gradient from ``nalu_cuda::static_ensemble_grad``'s
@@ -179,12 +184,20 @@ def native_step(training, base: type) -> Optional[Callable[[int], None]]:
     schedule = getattr(o.units.regularizer, "native_sparsity", (None, None))[1]
     op = torch.ops.nalu_cuda.static_ensemble_step
     stream, draw = in_call_stream(o.data.batch_fn, opt.flat.dtype, E)
+    counter = in_kernel_counter_stream(o.data.batch_fn, opt.flat, E, "static_ensemble_step_counter")
+    training.batch_in_kernel = counter is not None
 
     def step(k: int) -> None:
         weight = float(schedule.weight(k)) if schedule is not None else 0.0
         opt.step_count += 1
         words = stream.draw_words() if draw is not None else None
-        if words is not None:  # the batch drawn in the call, as the stream would have drawn it
+        if counter is not None:  # the counter stream's batch of step k, drawn in the call
+            c = counter
+            loss = torch.ops.nalu_cuda.static_ensemble_step_counter(
+                c["keys"], k, c["masks"], c["ops"], c["lo"], c["hi"], c["batch"], opt.flat, opt.grad, opt.exp_avg,
+                opt.exp_avg_sq, segments, training.diverged, training.any_diverged, name, eps, weight, opt.lr,
+                opt.beta1, opt.beta2, opt.eps, opt.step_count)
+        elif words is not None:  # the batch drawn in the call, as the stream would have drawn it
             loss = torch.ops.nalu_cuda.static_ensemble_step_drawn(
                 words, draw["weights"], draw["ops"], draw["lo"], draw["hi"], draw["raw"], draw["batch"], opt.flat,
                 opt.grad, opt.exp_avg, opt.exp_avg_sq, segments, training.diverged, training.any_diverged, name, eps,
@@ -253,12 +266,14 @@ def native_resident_step(training, base: type) -> Optional[Callable[[Optional[in
     return step
 
 
-def in_kernel_counter_stream(batch_fn, flat: torch.Tensor, E: int) -> Optional[dict]:
-    """The arguments of ``static_ensemble_grad_counter`` where ``batch_fn`` names the
+def in_kernel_counter_stream(batch_fn, flat: torch.Tensor, E: int,
+                             op: str = "static_ensemble_grad_counter") -> Optional[dict]:
+    """The arguments of ``op`` (``static_ensemble_grad_counter``, the resident step's;
+    ``static_ensemble_step_counter``, the CPU step's) where ``batch_fn`` names the
     :class:`~.counter_stream.CounterStream` it draws from (``batch_fn.counter_stream``, as the static
-    task sets it on the resident step) and the kernel can draw its batch itself: float32, one
-    interval, inputs ``(B, I)`` with subset masks and target ops for ``E = S * len(ops)`` members,
-    the kernel on the device. Else None (``batch_fn``'s batches are used)."""
+    task sets it) and the kernel can draw its batch itself: float32, one interval, inputs ``(B, I)``
+    with subset masks and target ops for ``E = S * len(ops)`` members, the stream and ``op``'s
+    kernel on the parameters' device. Else None (``batch_fn``'s batches are used)."""
     from .counter_stream import CounterStream
     from .uniform_stream import TARGET_OP_CODES
 
@@ -266,7 +281,7 @@ def in_kernel_counter_stream(batch_fn, flat: torch.Tensor, E: int) -> Optional[d
     if (type(stream) is not CounterStream or flat.dtype != torch.float32 or len(stream.range.intervals) != 1
             or len(stream.shape) != 2 or stream.masks is None or not stream.ops
             or any(op not in TARGET_OP_CODES for op in stream.ops) or stream.keys.shape[0] * len(stream.ops) != E
-            or stream.keys.device != flat.device or not _ops.has_kernel(flat.device.type, "static_ensemble_grad_counter")):
+            or stream.keys.device != flat.device or not _ops.has_kernel(flat.device.type, op)):
         return None
     lo, hi = stream.range.intervals[0]
     return {"keys": stream.keys, "masks": stream.masks, "ops": [TARGET_OP_CODES.index(op) for op in stream.ops],

@@ -139,18 +139,21 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
     model.reset_parameters(member_generators(member_seeds))
     model.to(dev)
 
-    resident = p.stream == "counter"
+    counter = p.stream == "counter"
+    # the counter stream on CUDA: the resident step (nothing waits for the host, one CUDA graph); on
+    # the CPU the step of the host's loop, whose native step draws the same values in its call
+    resident = counter and dev.type == "cuda"
     stream = ar.training_stream(p.stream, seeds, (p.batch, I), interp, dev, masks, ops, chunk=16)
 
     def batch_fn(step):
-        x, t = stream.draw(step) if resident else stream.next()   # (S, B, I), (E, B, 1)
+        x, t = stream.draw(step) if counter else stream.next()   # (S, B, I), (E, B, 1)
         x, t = x.to(dev, non_blocking=True), t.to(dev, non_blocking=True)
         return (x if len(ops) == 1 else x.repeat(len(ops), 1, 1)), t
 
-    if not resident:
+    if not counter:
         batch_fn.uniform_stream = stream  # the native step draws the stream's batches in-call (parts/native_step.py)
     else:
-        batch_fn.counter_stream = stream  # on CUDA its native step draws them inside its kernel (the same bits)
+        batch_fn.counter_stream = stream  # the native steps draw them in their kernels (the same bits)
 
     def fixed_set(name: str, rng_range: ar.Range, n: int) -> EvalSet:
         rng = np.random.default_rng(ar.seed_for(p.data_seed, name))
@@ -170,7 +173,7 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
     try:
         res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p.lr, eval_every=p.eval_every,
                              threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"static {cfg.name}",
-                             stream_state=None if resident else (stream.state_dict, stream.load_state_dict),
+                             stream_state=None if counter else (stream.state_dict, stream.load_state_dict),
                              lr_milestones=p.lr_milestones, lr_gamma=p.lr_gamma, resident=resident,
                              graph=resident_graph(p, dev, hooks, p.lr_milestones), native=p.native,
                              **hooks)
