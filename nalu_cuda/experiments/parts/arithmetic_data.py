@@ -101,8 +101,9 @@ def add_step_arguments(parser) -> None:
     """``--stream`` and ``--no-graph`` of the static and recurrent tasks."""
     parser.add_argument("--stream", choices=STREAMS, default="sfc64",
                         help="training data: sfc64 (default: per-seed SFC64 streams drawn on the host, the published "
-                             "runs' numbers) or counter (per-seed counter-based streams drawn on the training device, "
-                             "with a step that never waits for the host: use it with --device cuda; other numbers)")
+                             "runs' numbers) or counter (per-seed counter-based streams, a hash of seed, step and index, "
+                             "the same values on the CPU and CUDA, other numbers than sfc64's: on CUDA with a step that "
+                             "never waits for the host; the static task's native step draws them in its call or kernel)")
     parser.add_argument("--no-graph", dest="graph", action="store_false",
                         help="with --stream counter on CUDA: run the step eagerly instead of replaying it as a CUDA graph")
     parser.add_argument("--autograd-step", dest="native", action="store_false", default=True,

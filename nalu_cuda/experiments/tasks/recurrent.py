@@ -123,15 +123,18 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
     model = build_recurrent_model(p.model, I, hidden, ensemble=E, backend=p.backend, eps=p.eps)
     model.reset_parameters(member_generators(member_seeds))
     model.to(dev)
-    resident = p.stream == "counter"
+    counter = p.stream == "counter"
+    # the counter stream on CUDA: the resident step; on the CPU the step of the host's loop (the
+    # native step on batch_fn's batches, the stream's draw of each step)
+    resident = counter and dev.type == "cuda"
     stream = ar.training_stream(p.stream, seeds, (p.batch, T, I), interp, dev, masks, ops, chunk=8)
 
     def batch_fn(step):
-        x, t = stream.draw(step) if resident else stream.next()
+        x, t = stream.draw(step) if counter else stream.next()
         x, t = x.to(dev), t.to(dev)
         return (x if len(ops) == 1 else x.repeat(len(ops), 1, 1, 1)), t
 
-    if not resident:
+    if not counter:
         batch_fn.uniform_stream = stream  # the native step draws the stream's batches in-call (parts/native_step.py)
 
     def fixed(name: str, rng_range: ar.Range, n: int, length: int) -> EvalSet:
@@ -149,7 +152,7 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
     try:
         res = train_ensemble(model, E, batch_fn, cfg.steps, val, [test_x], lr=p.lr, eval_every=p.eval_every,
                              threshold=thr, solved_on=test_x.name, ctx=ctx, desc=f"recurrent {cfg.name}",
-                             clip=p.clip, stream_state=None if resident else (stream.state_dict, stream.load_state_dict),
+                             clip=p.clip, stream_state=None if counter else (stream.state_dict, stream.load_state_dict),
                              resident=resident, graph=resident_graph(p, dev, hooks), native=p.native, **hooks)
     finally:
         stream.close()
@@ -158,7 +161,8 @@ def run(cfg: Config, ctx: Context) -> RunOutput:
     curve = _length_curve(model, p, ops, masks, interp, S, dev, res.diverged)
     records = member_records(p.model, ops, member_seeds, res, errors, base, thresholds)
     extra = {"thresholds": thresholds, "baseline_mse": {op: {"interp": base[op][0], "extrap": base[op][1]} for op in ops},
-             "length_curve": curve, "train_wall_s": res.wall_s}
+             "length_curve": curve, "train_wall_s": res.wall_s,
+             "step_path": res.step_path}  # which step trained (EnsembleTraining.step_path)
     return RunOutput(records, extra)
 
 
