@@ -54,40 +54,42 @@ struct StepArgs {
   double eps, reg_weight;
 };
 
-// The in-call draw of static_ensemble_step_drawn: member e draws its batch from a copy of SFC64
-// generator e % S (exactly UniformStream's next batch for that seed) and its targets with op e / S
-// (SumTargets: the float64 subset sums a, b, the op in float64, one rounding to float32).
+// The in-call draw of static_ensemble_step_drawn: seed s draws its batch from a copy of SFC64
+// generator s (exactly UniformStream's next batch for that seed) once, and its members e = k S + s
+// of every op k train on it with the targets of op k (SumTargets: the float64 subset sums a, b, the
+// op in float64, one rounding to float32), as the stream repeats a seed's batch for each op.
 struct Draw {
   const int64_t* state;   // (S, 4) numpy's SFC64 words viewed as int64
-  int64_t* state_out;     // (S, 4) the states after the draw, written by members e < S
+  int64_t* state_out;     // (S, 4) the states after the draw
   const double* weights;  // (S, I, 2) the subset masks
-  const TargetOp* ops;    // (E / S)
-  int64_t S;
+  const TargetOp* ops;    // (n_ops)
+  int64_t S, n_ops;
   double lo, hi;
   bool raw;
 };
 
-constexpr int64_t kDrawGroup = 8;  // members drawn together (two groups of four AVX2 lanes)
+constexpr int64_t kDrawGroup = 8;  // seeds drawn together (two groups of four AVX2 lanes)
 
-// Members e0 .. e0 + G - 1 (G <= kDrawGroup) draw x (G, B, I) and their targets t (G, B).
-void draw_group(const StepArgs& a, const Draw& d, int64_t e0, int64_t G, float* x, float* t, std::vector<double>& w,
+// Seeds s0 .. s0 + G - 1 (G <= kDrawGroup) draw x (G, B, I) and the targets of every op, t (n_ops,
+// G, B), and leave their generators' states in state_out.
+void draw_seeds(const StepArgs& a, const Draw& d, int64_t s0, int64_t G, float* x, float* t, std::vector<double>& w,
                 std::vector<double>& sums) {
   uint64_t words[4 * kDrawGroup];
   w.resize(G * a.I * 2);
   sums.resize(G * a.B * 2);
   for (int64_t j = 0; j < G; ++j) {
-    const int64_t s = (e0 + j) % d.S;
+    const int64_t s = s0 + j;
     std::memcpy(words + 4 * j, d.state + 4 * s, sizeof(uint64_t) * 4);
     std::copy(d.weights + s * a.I * 2, d.weights + (s + 1) * a.I * 2, w.begin() + j * a.I * 2);
   }
   const int64_t n = a.B * a.I;
   sfc64_fill_blocks(words, x, FillBlocks{G, 1, n, n, n, d.lo, d.hi, d.raw, w.data(), a.I, 2, sums.data()});
-  for (int64_t j = 0; j < G; ++j) {
-    const TargetOp op = d.ops[(e0 + j) / d.S];
-    for (int64_t b = 0; b < a.B; ++b)
-      t[j * a.B + b] = static_cast<float>(apply_target(op, sums[(j * a.B + b) * 2], sums[(j * a.B + b) * 2 + 1]));
-    if (e0 + j < d.S) std::memcpy(d.state_out + 4 * (e0 + j), words + 4 * j, sizeof(uint64_t) * 4);
-  }
+  for (int64_t k = 0; k < d.n_ops; ++k)
+    for (int64_t j = 0; j < G; ++j)
+      for (int64_t b = 0; b < a.B; ++b)
+        t[(k * G + j) * a.B + b] =
+            static_cast<float>(apply_target(d.ops[k], sums[(j * a.B + b) * 2], sums[(j * a.B + b) * 2 + 1]));
+  for (int64_t j = 0; j < G; ++j) std::memcpy(d.state_out + 4 * (s0 + j), words + 4 * j, sizeof(uint64_t) * 4);
 }
 
 }  // namespace
@@ -219,7 +221,7 @@ at::Tensor static_ensemble_step_drawn(const at::Tensor& state, const at::Tensor&
   check_moments(kOp, param, exp_avg, exp_avg_sq, step);
   at::Tensor state_out = state.clone();
   const Draw d{state.const_data_ptr<int64_t>(), state_out.data_ptr<int64_t>(), weights.const_data_ptr<double>(),
-               codes.data(), state.size(0), lo, hi, raw};
+               codes.data(), state.size(0), static_cast<int64_t>(codes.size()), lo, hi, raw};
   at::Tensor loss = grad_impl(a, at::kFloat, at::Tensor(), at::Tensor(), &d, param, grad, segments, diverged);
   state.copy_(state_out);
   optimiser_step(a, param, grad, exp_avg, exp_avg_sq, segments, diverged, freeze, lr, beta1, beta2, adam_eps, step);

@@ -76,18 +76,18 @@ T member_step(const StepArgs& a, const T* x, const T* t, MemberParams<T>& mp, La
   return loss;
 }
 
-// Member e's batch x (B, I) and targets t (B) from the counter stream (experiments/counter_draw.h):
-// the words of eight inputs at a time in one lane vector, the same values as CounterStream's (and
-// the CUDA kernel's); the targets op_k(a, b) from the float64 sums of the inputs with the seed's
-// masks, exact (so the same in any order: the order the vector loop takes). `ma`, `mb`: room for
-// I values each (the masks' two columns, contiguous).
-inline void counter_draw_member(const StepArgs& a, const CounterDraw& d, int64_t e, float* x, float* t, double* ma,
-                                double* mb) {
+// Seed s's batch x (B, I) and the targets of every op, t (n_ops, B), from the counter stream
+// (experiments/counter_draw.h): the words of eight inputs at a time in one lane vector, the same
+// values as CounterStream's (and the CUDA kernel's); the targets op_k(a, b) from the float64 sums of
+// the inputs with the seed's masks, exact (so the same in any order: the order the vector loop
+// takes). `ma`, `mb`: room for I values each (the masks' two columns, contiguous).
+inline void counter_draw_seed(const StepArgs& a, const CounterDraw& d, int64_t s, float* x, float* t, double* ma,
+                              double* mb) {
   typedef uint32_t U8 __attribute__((vector_size(32)));
   typedef int32_t I8 __attribute__((vector_size(32)));
   typedef float F8 __attribute__((vector_size(32)));
   typedef float F8u __attribute__((vector_size(32), aligned(4), may_alias));
-  const int64_t s = e % d.S, n = a.B * a.I, I = a.I;
+  const int64_t n = a.B * a.I, I = a.I;
   const CounterKey key(d, s, *d.step);
   const float lo = d.lo, width = d.hi - d.lo, top = d.top;
   const F8 lo8 = F8{} + lo, width8 = F8{} + width, top8 = F8{} + top;
@@ -107,7 +107,6 @@ inline void counter_draw_member(const StepArgs& a, const CounterDraw& d, int64_t
   }
   const double* mask = d.masks + s * I * 2;
   for (int64_t i = 0; i < I; ++i) ma[i] = mask[2 * i], mb[i] = mask[2 * i + 1];
-  const TargetOp op = static_cast<TargetOp>(d.ops[e / d.S]);
   for (int64_t b = 0; b < a.B; ++b) {
     const float* xb = x + b * I;
     double sa = 0.0, sb = 0.0;
@@ -116,45 +115,66 @@ inline void counter_draw_member(const StepArgs& a, const CounterDraw& d, int64_t
       sa += static_cast<double>(xb[i]) * ma[i];
       sb += static_cast<double>(xb[i]) * mb[i];
     }
-    t[b] = static_cast<float>(apply_target(op, sa, sb));
+    for (int64_t op = 0; op < d.n_ops; ++op)
+      t[op * a.B + b] = static_cast<float>(apply_target(static_cast<TargetOp>(d.ops[op]), sa, sb));
   }
 }
 
+// One member's step on its batch x (B, I) and targets t (B): its loss into loss[e], its flag into div[e].
+template <typename T>
+void train_member(const StepArgs& a, const T* x, const T* t, T* ps, T* gs, const int64_t* seg, int64_t e,
+                  Layer<T> (&layers)[2], std::vector<T>& h, std::vector<T>& y, std::vector<T>& dh, bool* div, T* loss) {
+  MemberParams<T> mp = member_params(a, ps, gs, seg, e);
+  bool bad = false;
+  loss[e] = member_step(a, x, t, mp, layers, h, y, dh, div[e], &bad);
+  div[e] = div[e] || bad;
+}
+
 // Every member, split over the intra-op threads (each member whole on one thread), its batch from
-// xs (E, B, I) and ts (E, B) or, float32 only, drawn here: with `draw` from the seeds' SFC64
-// generators, kDrawGroup members at a time; with `counter` from the counter stream, member by member.
+// xs (E, B, I) and ts (E, B) or, float32 only, drawn here: then the seeds are split over the threads,
+// and a thread draws a seed's batch once, with the targets of every op, and trains the seed's
+// members of every op on it (e = k S + s), from the seeds' SFC64 generators (`draw`, kDrawGroup seeds
+// at a time) or the counter stream (`counter`).
 template <typename T>
 void all_members(const StepArgs& a, const T* xs, const T* ts, const Draw* draw, const CounterDraw* counter, T* ps,
                  T* gs, const int64_t* seg, bool* div, T* loss) {
-  at::parallel_for(0, a.E, 1, [&](int64_t begin, int64_t end) {
+  auto work = [&](auto body) {
     Layer<T> layers[2] = {make_layer<T>(a.kinds[0], a.B, a.I, a.H, a.eps), make_layer<T>(a.kinds[1], a.B, a.H, 1, a.eps)};
-    std::vector<T> h(a.B * a.H), y(a.B), dh(a.B * a.H), xb, tb;
-    std::vector<double> w, sums;
-    const int64_t group = draw != nullptr ? kDrawGroup : counter != nullptr ? 1 : end - begin;
-    for (int64_t e0 = begin; e0 < end; e0 += group) {
-      const int64_t G = std::min(group, end - e0);
-      const T *x = nullptr, *t = nullptr;
-      if constexpr (std::is_same_v<T, float>) {
-        if (draw != nullptr || counter != nullptr) {
-          xb.resize(G * a.B * a.I);
-          tb.resize(G * a.B);
-          if (draw != nullptr) {
-            draw_group(a, *draw, e0, G, xb.data(), tb.data(), w, sums);
-          } else {
-            w.resize(2 * a.I);
-            counter_draw_member(a, *counter, e0, xb.data(), tb.data(), w.data(), w.data() + a.I);
+    std::vector<T> h(a.B * a.H), y(a.B), dh(a.B * a.H);
+    body(layers, h, y, dh);
+  };
+  if constexpr (std::is_same_v<T, float>) {
+    if (draw != nullptr || counter != nullptr) {
+      const int64_t S = draw != nullptr ? draw->S : counter->S;
+      const int64_t n_ops = draw != nullptr ? draw->n_ops : counter->n_ops;
+      const int64_t group = draw != nullptr ? kDrawGroup : 1;
+      at::parallel_for(0, S, 1, [&](int64_t begin, int64_t end) {
+        work([&](Layer<T>(&layers)[2], std::vector<T>& h, std::vector<T>& y, std::vector<T>& dh) {
+          const int64_t n = a.B * a.I;
+          std::vector<T> x(std::min(group, end - begin) * n), t(n_ops * group * a.B);
+          std::vector<double> w, sums;
+          for (int64_t s0 = begin; s0 < end; s0 += group) {
+            const int64_t G = std::min(group, end - s0);
+            if (draw != nullptr) {
+              draw_seeds(a, *draw, s0, G, x.data(), t.data(), w, sums);
+            } else {
+              w.resize(2 * a.I);
+              counter_draw_seed(a, *counter, s0, x.data(), t.data(), w.data(), w.data() + a.I);
+            }
+            for (int64_t j = 0; j < G; ++j)
+              for (int64_t k = 0; k < n_ops; ++k)
+                train_member(a, x.data() + j * n, t.data() + (k * G + j) * a.B, ps, gs, seg, k * S + s0 + j, layers, h,
+                             y, dh, div, loss);
           }
-          x = xb.data(), t = tb.data();
-        }
-      }
-      if (x == nullptr) x = xs + e0 * a.B * a.I, t = ts + e0 * a.B;
-      for (int64_t j = 0; j < G; ++j) {
-        const int64_t e = e0 + j;
-        MemberParams<T> mp = member_params(a, ps, gs, seg, e);
-        bool bad = false;
-        loss[e] = member_step(a, x + j * a.B * a.I, t + j * a.B, mp, layers, h, y, dh, div[e], &bad);
-        div[e] = div[e] || bad;
-      }
+        });
+      });
+      return;
     }
+  }
+  at::parallel_for(0, a.E, 1, [&](int64_t begin, int64_t end) {
+    work([&](Layer<T>(&layers)[2], std::vector<T>& h, std::vector<T>& y, std::vector<T>& dh) {
+      for (int64_t e = begin; e < end; ++e)
+        train_member(a, xs + e * a.B * a.I, ts + e * a.B, ps, gs, seg, e, layers, h, y, dh, div, loss);
+    });
   });
 }

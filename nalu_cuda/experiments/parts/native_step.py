@@ -31,8 +31,8 @@ Data made where it is used: where ``batch_fn`` names its :class:`~.uniform_strea
 call ``batch_fn``: the batches are drawn inside the call, in the threads that train on them, from
 the seeds' SFC64 states, with the targets in the same pass, exactly the values the stream would have
 given, and the stream draws nothing ahead any more. The static step
-(``nalu_cuda::static_ensemble_step_drawn``) draws each member's batch; the recurrent one
-(``nalu_cuda::recurrent_ensemble_step_drawn``) each seed's batch ``(B, T, I)`` once, and trains the
+(``nalu_cuda::static_ensemble_step_drawn``) draws each seed's batch ``(B, I)`` once, the recurrent one
+(``nalu_cuda::recurrent_ensemble_step_drawn``) each seed's batch ``(B, T, I)`` once, and each trains the
 seed's members of every op on it (where ``batch_fn`` would repeat it per op). Values the stream
 had drawn already (the rest of a chunk, the chunk drawn ahead) are used first, through ``batch_fn``.
 Where ``batch_fn`` names its :class:`~.counter_stream.CounterStream` instead (``--stream counter``:
