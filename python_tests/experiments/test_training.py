@@ -290,3 +290,41 @@ def test_fused_adam_member_lr_and_clip_bad_arguments():
         _fused_adam(*ok, lr_member=torch.tensor([1e-3, 1e-2]))
     with pytest.raises(RuntimeError, match=r"flat_adam_step: clip must be a finite number .* got nan"):
         _fused_adam(*ok, clip=float("nan"))
+
+
+@needs_fused_adam
+@pytest.mark.parametrize("clip", [0.0, 0.5], ids=["no-clip", "clip"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_adam_threads_give_the_same_bits(dtype, clip):
+    """Buffers large enough to be split over two threads (E = 9 members of 3 segments, 25,000 elements
+    each): one thread and two give the same parameters, moments and flags (a member with a NaN, a
+    frozen member, a learning rate per member), over several steps."""
+    E, sizes = 9, (12_000, 7, 12_993)
+    segments, off = [], 0
+    for per in sizes:
+        segments.append([off, per])
+        off += E * per
+    segments = torch.tensor(segments)
+    frozen = torch.zeros(E, dtype=torch.bool)
+    frozen[4] = True
+    lrs = torch.linspace(1e-3, 5e-3, E, dtype=torch.float64)
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            g = torch.Generator().manual_seed(7)
+            p = torch.randn(off, generator=g, dtype=torch.float64).to(dtype)
+            m, v = torch.zeros_like(p), torch.zeros_like(p)
+            out = []
+            for step in range(1, 5):
+                grad = (torch.randn(off, generator=g, dtype=torch.float64) * 3).to(dtype)
+                if step == 2:
+                    grad[segments[2, 0] + 6 * sizes[2] + 5] = float("nan")  # member 6's last segment
+                out.append(_fused_adam(p, grad, m, v, segments, frozen, True, 1e-3, 0.9, 0.999, 1e-8, step, lrs, clip))
+            results.append(out + [p, m, v])
+    finally:
+        torch.set_num_threads(before)
+    assert results[0][1].tolist() == [k == 6 for k in range(E)]
+    for a, b in zip(*results):
+        assert torch.equal(a, b)

@@ -5,6 +5,7 @@
 #include "experiments/cpu/fp_contract.h"
 
 #include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
@@ -151,7 +152,6 @@ at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const
   const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
   const double* lrs = per_member ? lr_member->const_data_ptr<double>() : nullptr;
-  std::vector<double> sq(clip > 0.0 ? E : 0, 0.0);
   AT_DISPATCH_FLOATING_TYPES(param.scalar_type(), "flat_adam_step", [&] {
     using T = scalar_t;
     const AdamScalars<T> s{static_cast<T>(1.0 - beta1), static_cast<T>(beta2), static_cast<T>(1.0 - beta2),
@@ -164,30 +164,38 @@ at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const
     const T* g = grad.const_data_ptr<T>();
     T* m = exp_avg.data_ptr<T>();
     T* v = exp_avg_sq.data_ptr<T>();
-    for (int64_t q = 0; q < P; ++q) {
-      const int64_t off = seg[2 * q], per = seg[2 * q + 1];
-      for (int64_t e = 0; e < E; ++e) {
-        if (clip > 0.0)
-          sq[e] += squares_run(g + off + e * per, per);  // a NaN or Inf anywhere makes it non-finite
-        else
-          bad[e] = bad[e] || nonfinite_run(g + off + e * per, per);
-      }
-    }
-    std::vector<T> gscale(E, T(1));
-    for (int64_t e = 0; e < E && clip > 0.0; ++e) {
-      bad[e] = !std::isfinite(sq[e]);
-      // FlatAdam.clip_grad_norm_: min(1, clip / (norm + 1e-12)) in float64, then in the gradient's dtype
-      gscale[e] = static_cast<T>(std::min(1.0, clip / (std::sqrt(sq[e]) + 1e-12)));
-    }
-    for (int64_t q = 0; q < P; ++q) {
-      const int64_t off = seg[2 * q], per = seg[2 * q + 1];
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t o = off + e * per;
+    // Members split over the intra-op threads, each member whole on one thread (its runs in segment
+    // order, as one thread takes them): the same bits for any thread count. At least kGrainElems
+    // elements per thread, so that a small model's step stays on the calling thread.
+    constexpr int64_t kGrainElems = 16384;
+    int64_t per_member = 0;
+    for (int64_t q = 0; q < P; ++q) per_member += seg[2 * q + 1];
+    const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(per_member, 1));
+    at::parallel_for(0, E, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t e = begin; e < end; ++e) {
+        double sq = 0.0;
+        for (int64_t q = 0; q < P; ++q) {
+          const int64_t o = seg[2 * q] + e * seg[2 * q + 1], per = seg[2 * q + 1];
+          if (clip > 0.0)
+            sq += squares_run(g + o, per);  // a NaN or Inf anywhere makes it non-finite
+          else
+            bad[e] = bad[e] || nonfinite_run(g + o, per);
+        }
+        T gscale = T(1);
+        if (clip > 0.0) {
+          bad[e] = !std::isfinite(sq);
+          // FlatAdam.clip_grad_norm_: min(1, clip / (norm + 1e-12)) in float64, then in the gradient's dtype
+          gscale = static_cast<T>(std::min(1.0, clip / (std::sqrt(sq) + 1e-12)));
+        }
         AdamScalars<T> se = s;
         if (lrs != nullptr) se.neg_step_size = static_cast<T>(-lrs[e] / bc1);
-        run(p + o, g + o, m + o, v + o, per, fz[e] || (freeze_nonfinite && bad[e]), gscale[e], se);
+        const bool frozen_e = fz[e] || (freeze_nonfinite && bad[e]);
+        for (int64_t q = 0; q < P; ++q) {
+          const int64_t o = seg[2 * q] + e * seg[2 * q + 1];
+          run(p + o, g + o, m + o, v + o, seg[2 * q + 1], frozen_e, gscale, se);
+        }
       }
-    }
+    });
   });
   return nonfinite;
 }

@@ -27,7 +27,9 @@ namespace training {
 // each operation rounded in the tensors' dtype (the division by sqrt(1 - beta2^step) as a product
 // with its reciprocal, computed in double: within an ulp of torch's); every element is computed the same way wherever it
 // sits in the buffer (no fused multiply-add in a vector body and not in its remainder), so member
-// e of an ensemble gets exactly the update a one-member run gets.
+// e of an ensemble gets exactly the update a one-member run gets. Members are split over the intra-op
+// threads where the buffers are large enough (each member whole on one thread): the same bits for
+// any number of threads.
 at::Tensor flat_adam_step(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                           const at::Tensor& exp_avg_sq, const at::Tensor& segments, const at::Tensor& frozen,
                           bool freeze_nonfinite, double lr, double beta1, double beta2, double eps, int64_t step,
