@@ -75,9 +75,12 @@ def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: b
     """Steps per second of train_ensemble for E seeds: `steps` steps timed after a warm-up of the
     same run (by then the data stream has its buffers and one chunk drawn ahead, as in any run of
     more than a few dozen steps; the published protocol runs 5e6). `counter`: the data from the
-    counter stream (``--stream counter``), which the native step draws in its call."""
-    if counter:
-        return _counter_rate(model_name, E, backend, steps, native)
+    counter stream (``--stream counter``), which the native step draws in its call. The clock starts
+    as the trainer begins step ``warm + 1`` (its step runner, wrapped): the native steps that draw in
+    their call never call batch_fn."""
+    from nalu_cuda.experiments.parts.counter_stream import CounterStream
+    from nalu_cuda.experiments.parts.training import EnsembleTraining
+
     seeds = list(range(E))
     masks = torch.stack([ar.subset_layout(s, I).mask() for s in seeds])
     interp = ar.parse_range([1, 2])
@@ -89,62 +92,23 @@ def _trainer_rate(model_name: str, E: int, backend: str, steps: int, prefetch: b
     total = warm + steps
     model = build_static_model(model_name, I, 2, ensemble=E, backend=backend)
     model.reset_parameters(member_generators(seeds))
-    stream = us.UniformStream(seeds, (B, I), interp, chunk=16, prefetch=prefetch,
-                              transform=us.SumTargets(masks.numpy(), ["add"]))
-    first = stream.next()
-    t0 = None
+    if counter:
+        stream = CounterStream(seeds, (B, I), interp, masks=masks.double(), ops=["add"])
+    else:
+        stream = us.UniformStream(seeds, (B, I), interp, chunk=16, prefetch=prefetch,
+                                  transform=us.SumTargets(masks.numpy(), ["add"]))
+    first = stream.draw(1) if counter else stream.next()
 
     def batch_fn(step):
-        nonlocal t0
-        if step == warm + 1 and t0 is None:
-            t0 = time.perf_counter()
-        return first if fixed_batch else stream.next()
+        if fixed_batch:
+            return first
+        return stream.draw(step) if counter else stream.next()
 
-    if native and in_call and not fixed_batch:
-        # the native step draws the stream's batches in the call (parts/native_step.py): it asks the
-        # stream for its generators once per step instead of calling batch_fn, so the clock starts there
-        batch_fn.uniform_stream = stream
-        draw_words, calls = stream.draw_words, [0]
-
-        def timed_draw_words():
-            nonlocal t0
-            calls[0] += 1
-            if calls[0] == warm + 1:
-                t0 = time.perf_counter()
-            return draw_words()
-
-        stream.draw_words = timed_draw_words
-
-    try:
-        # the regulariser at full strength from step 0 (NMU model): its costliest phase
-        hooks = training_hooks(model, {"start": 0, "end": 1} if model_name == "nmu" else None, seeds)
-        train_ensemble(model, E, batch_fn, total, val, lr=1e-3, eval_every=total, ctx=ctx, native=native, **hooks)
-    finally:
-        stream.close()
-    return steps / (time.perf_counter() - t0)
-
-
-def _counter_rate(model_name: str, E: int, backend: str, steps: int, native: bool) -> float:
-    """_trainer_rate on the counter stream (the static task's ``--stream counter`` on the CPU): the
-    native step draws each member's batch in its call (static_ensemble_step_counter) and never calls
-    batch_fn, so the clock starts at the trainer's step ``warm + 1`` (its step runner, wrapped)."""
-    from nalu_cuda.experiments.parts.counter_stream import CounterStream
-    from nalu_cuda.experiments.parts.training import EnsembleTraining
-
-    seeds = list(range(E))
-    masks = torch.stack([ar.subset_layout(s, I).mask() for s in seeds]).double()
-    stream = CounterStream(seeds, (B, I), ar.parse_range([1, 2]), masks=masks, ops=["add"])
-    xv = torch.rand(64, I) + 1
-    val = EvalSet("valid", xv, torch.einsum("ni,eij->enj", xv, masks.float()).sum(-1, keepdim=True))
-    warm = max(WARMUP_STEPS, steps // 10)
-    model = build_static_model(model_name, I, 2, ensemble=E, backend=backend)
-    model.reset_parameters(member_generators(seeds))
+    if counter:
+        batch_fn.counter_stream = stream  # the native step draws it in the call (parts/native_step.py)
+    elif native and in_call and not fixed_batch:
+        batch_fn.uniform_stream = stream  # the same, from the stream's SFC64 generators
     t0 = None
-
-    def batch_fn(step):
-        return stream.draw(step)
-
-    batch_fn.counter_stream = stream
     runner = EnsembleTraining._step_runner
 
     def timed_runner(self):
@@ -160,11 +124,12 @@ def _counter_rate(model_name: str, E: int, backend: str, steps: int, native: boo
 
     EnsembleTraining._step_runner = timed_runner
     try:
+        # the regulariser at full strength from step 0 (NMU model): its costliest phase
         hooks = training_hooks(model, {"start": 0, "end": 1} if model_name == "nmu" else None, seeds)
-        train_ensemble(model, E, batch_fn, warm + steps, val, lr=1e-3, eval_every=warm + steps,
-                       ctx=Context(device="cpu", work_dir=".", progress=False), native=native, **hooks)
+        train_ensemble(model, E, batch_fn, total, val, lr=1e-3, eval_every=total, ctx=ctx, native=native, **hooks)
     finally:
         EnsembleTraining._step_runner = runner
+        stream.close()
     return steps / (time.perf_counter() - t0)
 
 
