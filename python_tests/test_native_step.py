@@ -150,14 +150,14 @@ def test_one_gradient_matches_autograd_float64(name):
     torch.testing.assert_close(got_loss, loss.detach(), rtol=1e-12, atol=0)
 
 
-def _op_args(name="nalu", dtype=torch.float64, E_=E):
-    model = build_static_model(name, I, 2, ensemble=E_).to(dtype)
+def _op_args(name="nalu", dtype=torch.float64, E_=E, inputs=I, batch=B):
+    model = build_static_model(name, inputs, 2, ensemble=E_).to(dtype)
     model.reset_parameters(member_generators(list(range(E_))))
     from nalu_cuda.experiments.parts.optim import FlatAdam
 
     opt = FlatAdam(model.parameters(), 1e-3, ensemble=E_)
     g = torch.Generator().manual_seed(3)
-    x = (torch.rand(E_, B, I, generator=g, dtype=dtype) + 0.5)
+    x = (torch.rand(E_, batch, inputs, generator=g, dtype=dtype) + 0.5)
     return dict(x=x, target=x[..., :1] * 2, param=opt.flat, grad=opt.grad, exp_avg=opt.exp_avg,
                 exp_avg_sq=opt.exp_avg_sq, segments=opt._native_step(E_)[1], diverged=torch.zeros(E_, dtype=torch.bool),
                 freeze=False, model=name, eps=1e-7, reg_weight=0.0, lr=1e-3, beta1=0.9, beta2=0.999, adam_eps=1e-8,
@@ -184,6 +184,23 @@ def test_threads_give_the_same_bits(name, dtype):
         torch.set_num_threads(before)
     for u, v in zip(*results):
         assert torch.equal(u, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_buffers_kept_between_calls_give_the_same_bits(dtype):
+    """Each thread keeps its step's buffers from call to call: a call made after calls of larger
+    shapes and other units (stale contents everywhere) gives the bits of the same call made before."""
+    def step(name, inputs, batch):
+        args = _op_args(name, dtype, 3, inputs=inputs, batch=batch)
+        loss = torch.ops.nalu_cuda.static_ensemble_step(**args)
+        return [loss] + [args[k] for k in ("param", "grad", "exp_avg", "exp_avg_sq")]
+
+    for name in MODELS:
+        first = step(name, 9, 5)
+        for other in MODELS:
+            step(other, 40, 33)
+        for u, v in zip(first, step(name, 9, 5)):
+            assert torch.equal(u, v), name
 
 
 def test_a_member_does_not_depend_on_the_ensemble():

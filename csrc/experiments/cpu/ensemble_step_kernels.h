@@ -46,12 +46,34 @@ MemberParams<T> member_params(const StepArgs& a, T* param, T* grad, const int64_
   return mp;
 }
 
+// One thread's buffers for its members: the two layers', the hidden values and the gradients of
+// the step, the drawn batches and targets. Kept from call to call (thread_local, member_buffers),
+// so that a step allocates and frees nothing (they were made anew in every call).
+template <typename T>
+struct MemberBuffers {
+  Layer<T> layers[2];
+  std::vector<T> h, y, dh, dy, x, t;
+  std::vector<double> w, sums;
+};
+
+// This thread's buffers, shaped for a's members (the layers' and step's; x and t as the caller needs).
+template <typename T>
+MemberBuffers<T>& member_buffers(const StepArgs& a) {
+  thread_local MemberBuffers<T> m;
+  shape_layer(m.layers[0], a.kinds[0], a.B, a.I, a.H, a.eps);
+  shape_layer(m.layers[1], a.kinds[1], a.B, a.H, 1, a.eps);
+  m.h.resize(a.B * a.H), m.dh.resize(a.B * a.H), m.y.resize(a.B), m.dy.resize(a.B);
+  return m;
+}
+
 // One member: forward, loss, objective check, backward into its part of the gradient buffer.
 // Returns the member's MSE; sets *bad when its objective is not finite.
 template <typename T>
-T member_step(const StepArgs& a, const T* x, const T* t, MemberParams<T>& mp, Layer<T> (&layers)[2],
-              std::vector<T>& h, std::vector<T>& y, std::vector<T>& dh, bool diverged, bool* bad) {
+T member_step(const StepArgs& a, const T* x, const T* t, MemberParams<T>& mp, MemberBuffers<T>& m, bool diverged,
+              bool* bad) {
   const int64_t B = a.B;
+  Layer<T>(&layers)[2] = m.layers;
+  std::vector<T>&h = m.h, &y = m.y, &dh = m.dh, &dy = m.dy;
   for (int l = 0; l < 2; ++l) layers[l].prepare(mp.p[l]);
   layers[0].forward(x, h.data());
   layers[1].forward(h.data(), y.data());
@@ -66,7 +88,6 @@ T member_step(const StepArgs& a, const T* x, const T* t, MemberParams<T>& mp, La
   *bad = !std::isfinite(objective);
   // d objective / dy, zero (times the error) for a member that has diverged
   const T scale = (diverged || *bad) ? T(0) : T(1);
-  std::vector<T> dy(B);
   mse_upstream(y.data(), t, B, scale, dy.data());
   layers[1].backward(h.data(), dy.data(), mp.p[1], mp.g[1], dh.data());
   layers[0].backward(x, dh.data(), mp.p[0], mp.g[0], nullptr);
@@ -123,10 +144,10 @@ inline void counter_draw_seed(const StepArgs& a, const CounterDraw& d, int64_t s
 // One member's step on its batch x (B, I) and targets t (B): its loss into loss[e], its flag into div[e].
 template <typename T>
 void train_member(const StepArgs& a, const T* x, const T* t, T* ps, T* gs, const int64_t* seg, int64_t e,
-                  Layer<T> (&layers)[2], std::vector<T>& h, std::vector<T>& y, std::vector<T>& dh, bool* div, T* loss) {
+                  MemberBuffers<T>& m, bool* div, T* loss) {
   MemberParams<T> mp = member_params(a, ps, gs, seg, e);
   bool bad = false;
-  loss[e] = member_step(a, x, t, mp, layers, h, y, dh, div[e], &bad);
+  loss[e] = member_step(a, x, t, mp, m, div[e], &bad);
   div[e] = div[e] || bad;
 }
 
@@ -138,43 +159,35 @@ void train_member(const StepArgs& a, const T* x, const T* t, T* ps, T* gs, const
 template <typename T>
 void all_members(const StepArgs& a, const T* xs, const T* ts, const Draw* draw, const CounterDraw* counter, T* ps,
                  T* gs, const int64_t* seg, bool* div, T* loss) {
-  auto work = [&](auto body) {
-    Layer<T> layers[2] = {make_layer<T>(a.kinds[0], a.B, a.I, a.H, a.eps), make_layer<T>(a.kinds[1], a.B, a.H, 1, a.eps)};
-    std::vector<T> h(a.B * a.H), y(a.B), dh(a.B * a.H);
-    body(layers, h, y, dh);
-  };
   if constexpr (std::is_same_v<T, float>) {
     if (draw != nullptr || counter != nullptr) {
       const int64_t S = draw != nullptr ? draw->S : counter->S;
       const int64_t n_ops = draw != nullptr ? draw->n_ops : counter->n_ops;
       const int64_t group = draw != nullptr ? kDrawGroup : 1;
       at::parallel_for(0, S, 1, [&](int64_t begin, int64_t end) {
-        work([&](Layer<T>(&layers)[2], std::vector<T>& h, std::vector<T>& y, std::vector<T>& dh) {
-          const int64_t n = a.B * a.I;
-          std::vector<T> x(std::min(group, end - begin) * n), t(n_ops * group * a.B);
-          std::vector<double> w, sums;
-          for (int64_t s0 = begin; s0 < end; s0 += group) {
-            const int64_t G = std::min(group, end - s0);
-            if (draw != nullptr) {
-              draw_seeds(a, *draw, s0, G, x.data(), t.data(), w, sums);
-            } else {
-              w.resize(2 * a.I);
-              counter_draw_seed(a, *counter, s0, x.data(), t.data(), w.data(), w.data() + a.I);
-            }
-            for (int64_t j = 0; j < G; ++j)
-              for (int64_t k = 0; k < n_ops; ++k)
-                train_member(a, x.data() + j * n, t.data() + (k * G + j) * a.B, ps, gs, seg, k * S + s0 + j, layers, h,
-                             y, dh, div, loss);
+        MemberBuffers<T>& m = member_buffers<T>(a);
+        const int64_t n = a.B * a.I;
+        m.x.resize(std::min(group, end - begin) * n), m.t.resize(n_ops * group * a.B);
+        for (int64_t s0 = begin; s0 < end; s0 += group) {
+          const int64_t G = std::min(group, end - s0);
+          if (draw != nullptr) {
+            draw_seeds(a, *draw, s0, G, m.x.data(), m.t.data(), m.w, m.sums);
+          } else {
+            m.w.resize(2 * a.I);
+            counter_draw_seed(a, *counter, s0, m.x.data(), m.t.data(), m.w.data(), m.w.data() + a.I);
           }
-        });
+          for (int64_t j = 0; j < G; ++j)
+            for (int64_t k = 0; k < n_ops; ++k)
+              train_member(a, m.x.data() + j * n, m.t.data() + (k * G + j) * a.B, ps, gs, seg, k * S + s0 + j, m, div,
+                           loss);
+        }
       });
       return;
     }
   }
   at::parallel_for(0, a.E, 1, [&](int64_t begin, int64_t end) {
-    work([&](Layer<T>(&layers)[2], std::vector<T>& h, std::vector<T>& y, std::vector<T>& dh) {
-      for (int64_t e = begin; e < end; ++e)
-        train_member(a, xs + e * a.B * a.I, ts + e * a.B, ps, gs, seg, e, layers, h, y, dh, div, loss);
-    });
+    MemberBuffers<T>& m = member_buffers<T>(a);
+    for (int64_t e = begin; e < end; ++e)
+      train_member(a, xs + e * a.B * a.I, ts + e * a.B, ps, gs, seg, e, m, div, loss);
   });
 }

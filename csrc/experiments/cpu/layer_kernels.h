@@ -332,14 +332,14 @@ struct Layer {
   void param_grads(const T* const* p, T* const* grads);
 };
 
-// A layer of `kind`, In -> Out on B rows, with the NALU's eps.
+// L made a layer of `kind`, In -> Out on B rows, with the NALU's eps; its buffers kept (every
+// kernel writes a buffer before it reads it, so a layer reused from an earlier call computes the
+// same bits as a new one).
 template <typename T>
-Layer<T> make_layer(Kind kind, int64_t B, int64_t In, int64_t Out, double eps) {
-  Layer<T> L{};
+void shape_layer(Layer<T>& L, Kind kind, int64_t B, int64_t In, int64_t Out, double eps) {
   L.kind = kind, L.B = B, L.In = In, L.Out = Out;
   L.eps = static_cast<T>(eps);
   L.normal_eps = eps >= static_cast<double>(std::numeric_limits<T>::min());
-  return L;
 }
 
 template <typename T>

@@ -354,28 +354,31 @@ struct RecurrentWork {
   std::vector<int64_t> rows;
 };
 
+// This thread's work space, shaped and zeroed for a's members: kept from call to call
+// (thread_local) so that a step allocates nothing (member_buffers in ensemble_step_kernels.h says
+// why); every buffer is zeroed as a new one would be, so a reused one gives the same bits.
 template <typename T>
-RecurrentWork<T> recurrent_work(const RecurrentArgs& a) {
+RecurrentWork<T>& recurrent_work(const RecurrentArgs& a) {
   constexpr int64_t V = kLanes<T>;
   const int64_t C = a.I + a.H, S = a.len;
-  RecurrentWork<T> w;
-  w.cell = make_layer<T>(a.kind, a.B, C, a.H, a.eps);
-  w.out = make_layer<T>(a.kind, a.B, a.H, 1, a.eps);
+  thread_local RecurrentWork<T> w;
+  shape_layer(w.cell, a.kind, a.B, C, a.H, a.eps);
+  shape_layer(w.out, a.kind, a.B, a.H, 1, a.eps);
   const int64_t Bp = w.Bp = (a.B + V - 1) / V * V;
   const bool nalu = a.kind == Kind::kNalu;
   w.z.assign((S + 1) * C * Bp, T(0));  // (the x rows' padding lanes stay zero)
-  w.rows.resize(S * a.I);
-  w.lz.resize(nalu ? (S + 1) * C * Bp : 0);
-  for (auto* v : {&w.a, &w.m, &w.g}) v->resize(nalu ? (S + 1) * a.H * Bp : 0);
-  w.y.resize(Bp);
-  w.dy.resize(Bp);
-  w.dh.resize(a.H * Bp);
-  w.dh2.resize(a.H * Bp);
-  w.coef.resize(3 * a.H * Bp + C * Bp);
-  w.accW.resize(C * a.H * V);
-  w.accG.resize(nalu ? C * a.H * V : 0);
-  w.accWo.resize(a.H * V);
-  w.accGo.resize(nalu ? a.H * V : 0);
+  w.rows.assign(S * a.I, 0);
+  w.lz.assign(nalu ? (S + 1) * C * Bp : 0, T(0));
+  for (auto* v : {&w.a, &w.m, &w.g}) v->assign(nalu ? (S + 1) * a.H * Bp : 0, T(0));
+  w.y.assign(Bp, T(0));
+  w.dy.assign(Bp, T(0));
+  w.dh.assign(a.H * Bp, T(0));
+  w.dh2.assign(a.H * Bp, T(0));
+  w.coef.assign(3 * a.H * Bp + C * Bp, T(0));
+  w.accW.assign(C * a.H * V, T(0));
+  w.accG.assign(nalu ? C * a.H * V : 0, T(0));
+  w.accWo.assign(a.H * V, T(0));
+  w.accGo.assign(nalu ? a.H * V : 0, T(0));
   return w;
 }
 
@@ -466,7 +469,7 @@ template <typename T>
 void recurrent_members(const RecurrentArgs& a, const T* xs, const T* ts, T* ps, T* gs, const int64_t* seg, bool* div,
                        T* loss) {
   at::parallel_for(0, a.E, 1, [&](int64_t begin, int64_t end) {
-    RecurrentWork<T> w = recurrent_work<T>(a);
+    RecurrentWork<T>& w = recurrent_work<T>(a);
     for (int64_t e = begin; e < end; ++e)
       train_member(a, xs + e * a.B * a.len * a.I, ts + e * a.B, ps, gs, seg, e, w, div, loss);
   });
@@ -478,10 +481,11 @@ void recurrent_members(const RecurrentArgs& a, const T* xs, const T* ts, T* ps, 
 inline void recurrent_members_drawn(const RecurrentArgs& a, const RecurrentDraw& d, float* ps, float* gs,
                                     const int64_t* seg, bool* div, float* loss) {
   at::parallel_for(0, d.S, 1, [&](int64_t begin, int64_t end) {
-    RecurrentWork<float> w = recurrent_work<float>(a);
+    RecurrentWork<float>& w = recurrent_work<float>(a);
     const int64_t n = a.B * a.len * a.I;
-    std::vector<float> x(std::min(kDrawSeeds, end - begin) * n), t(d.n_ops * kDrawSeeds * a.B);
-    std::vector<double> sums;
+    thread_local std::vector<float> x, t;  // (kept from call to call, as the work space)
+    thread_local std::vector<double> sums;
+    x.resize(std::min(kDrawSeeds, end - begin) * n), t.resize(d.n_ops * kDrawSeeds * a.B);
     for (int64_t s0 = begin; s0 < end; s0 += kDrawSeeds) {
       const int64_t G = std::min(kDrawSeeds, end - s0);
       draw_seeds(a, d, s0, G, x.data(), t.data(), sums);
