@@ -70,8 +70,8 @@ constexpr const char* kSchemas[] = {
   // static_ensemble_step with the batch drawn in the call (float32; nothing of it is stored): member
   // e = k S + s (S = state.size(0) seeds, k < len(ops)) trains on the batch x I uniforms of seed s's
   // SFC64 generator (state row s: numpy's uint64 words viewed as int64; drawn once per seed for every
-  // op), exactly the next batch of UniformStream for that seed (range [lo, hi); raw: [1, 2) itself), and its targets
-  // op_k(a, b), a and b the float64 sums of the inputs with weights (S, I, 2) columns 0 and 1, op
+  // op), exactly the next batch of UniformStream for that seed (range [lo, hi); raw: [1, 2) itself),
+  // and its targets op_k(a, b), a and b the float64 sums of the inputs with weights (S, I, 2) columns 0 and 1, op
   // codes 0 .. 5 = add, sub, mul, div, squared, root (SumTargets). state is advanced by one batch.
   "static_ensemble_step_drawn(Tensor(f!) state, Tensor weights, int[] ops, float lo, float hi, bool raw, int batch,"
       " Tensor(a!) param, Tensor(b!) grad, Tensor(c!) exp_avg, Tensor(d!) exp_avg_sq, Tensor segments,"

@@ -344,7 +344,7 @@ void batch_major_param_grads(Layer<T>& L, const T* accW, const T* accG, const T*
 // One thread's work space: the cell and the output layer (parameters, and their weights as lane
 // vectors), the inputs of every step, batch-major, z ((len + 1), I + H, Bp) (step len's state
 // rows: the output layer's input), the NALU's lz (the same shape) and a, m, g ((len + 1), H, Bp),
-// the output, the gradients and their lanes, the transposition's row offsets.
+// the output, the gradients and their lanes, the transposition's row offsets, the drawn batches.
 template <typename T>
 struct RecurrentWork {
   Layer<T> cell, out;
@@ -352,6 +352,8 @@ struct RecurrentWork {
   int64_t Bp;
   std::vector<T> z, lz, a, m, g, y, dy, dh, dh2, coef, accW, accG, accWo, accGo;
   std::vector<int64_t> rows;
+  std::vector<T> x, t;       // the drawn batches and targets (recurrent_members_drawn; sized there)
+  std::vector<double> sums;  // their subset sums (draw_seeds)
 };
 
 // This thread's work space, shaped and zeroed for a's members: kept from call to call
@@ -483,15 +485,14 @@ inline void recurrent_members_drawn(const RecurrentArgs& a, const RecurrentDraw&
   at::parallel_for(0, d.S, 1, [&](int64_t begin, int64_t end) {
     RecurrentWork<float>& w = recurrent_work<float>(a);
     const int64_t n = a.B * a.len * a.I;
-    thread_local std::vector<float> x, t;  // (kept from call to call, as the work space)
-    thread_local std::vector<double> sums;
-    x.resize(std::min(kDrawSeeds, end - begin) * n), t.resize(d.n_ops * kDrawSeeds * a.B);
+    w.x.resize(std::min(kDrawSeeds, end - begin) * n), w.t.resize(d.n_ops * kDrawSeeds * a.B);
     for (int64_t s0 = begin; s0 < end; s0 += kDrawSeeds) {
       const int64_t G = std::min(kDrawSeeds, end - s0);
-      draw_seeds(a, d, s0, G, x.data(), t.data(), sums);
+      draw_seeds(a, d, s0, G, w.x.data(), w.t.data(), w.sums);
       for (int64_t j = 0; j < G; ++j)
         for (int64_t k = 0; k < d.n_ops; ++k)
-          train_member(a, x.data() + j * n, t.data() + (k * G + j) * a.B, ps, gs, seg, k * d.S + s0 + j, w, div, loss);
+          train_member(a, w.x.data() + j * n, w.t.data() + (k * G + j) * a.B, ps, gs, seg, k * d.S + s0 + j, w, div,
+                       loss);
     }
   });
 }
